@@ -1,0 +1,328 @@
+// send_table.h — SendTable: P's side of every KV hand-off, for one P rank.
+//
+// Theory of operation
+// -------------------
+// A prefill engine (P) runs a prompt, then holds the prompt's KV blocks until
+// every decode rank (D) that needs them has pulled them. Each D rank pulls:
+// "write the KV of transfer T into my blocks B". Pulls race with everything:
+// a pull may arrive before P has even seen the request, P may abort the
+// request while D waits, D may give up and release, the prefill may finish
+// long after the pull arrived, a write may fail or finish after an abort.
+// vLLM's Mooncake connector wedged D for 480 s on several of these orders
+// (a silent abort, head-of-line blocking of its sender pool, a KeyError);
+// vllm-ascend freed blocks twice when D's "pulled" notice and the
+// scheduler's timeout release met. This table is the one place those races
+// are decided, and it decides them so that:
+//
+//   * every (pull, transfer) item gets exactly one answer, promptly — nothing
+//     waits out a timeout to learn what is already known;
+//   * P's blocks are released exactly once (one SendFinished action per
+//     transfer whose Ready() was accepted), and never while a write reads
+//     them;
+//   * no write starts after its pull's deadline, so none lands after D could
+//     have given up and reused its blocks.
+//
+// States per transfer_id (one `Send` record):
+//
+//   WAITING  P is running the request (claimed), or only pulls have arrived
+//            (a placeholder, unclaimed). No blocks held. Pulls wait.
+//   READY    Prefill done; P holds the blocks. Pulls are admitted, in
+//            arrival order, to at most `num_workers` concurrent writes.
+//   DONE     Nothing more will be sent. The record lingers only while writes
+//            are in flight; the blocks are released when the last one ends.
+//
+//   claim:  (none) -> WAITING(claimed); placeholder -> WAITING(claimed)
+//   ready:  WAITING(claimed) -> READY        (arms expiry: now + abort_timeout)
+//   pull:   (none) -> WAITING(placeholder)   (arms expiry: now + abort_timeout)
+//   release | abort | abort_all | expire | write failed | deadline
+//           | every needed D rank pulled:    WAITING/READY -> DONE via EndSend
+//
+// EndSend() is the only function that moves a send to DONE. It answers every
+// pull item still waiting on the send, leaves a tombstone (unless the send
+// ended because everyone pulled), and releases the blocks once no write is
+// in flight. Releases, "pulled", expiry and aborts therefore commute: the
+// first one to reach EndSend wins; the others find DONE or a tombstone and
+// do nothing but answer.
+//
+// Tombstones remember how a transfer ended, so a late pull or a late claim
+// fails fast instead of waiting or resurrecting it. They are bounded in
+// count (`max_tombstones`, oldest dropped first) and kept for
+// abort_timeout + giveup_grace, which is at least D's give-up time.
+//
+// Pull items: each (pull, transfer) is tracked on its own (no head-of-line
+// blocking). An item waiting for the prefill or for a sender holds nothing
+// and has a deadline (now + abort_timeout at arrival); the deadline is
+// checked again when a sender is taken, so a write never starts late. A
+// deadline that passes ends the transfer: D fails the load on that answer
+// anyway. Items of a batch whose transfer already ended are answered before
+// any write of that batch is admitted.
+//
+// Complexity: every input is O(1) amortized plus O(log n) for the timer
+// heaps, in the number of transfers in flight, except AbortAll (O(n) by
+// nature) and CheckInvariants (O(n), for tests and the simulator).
+//
+// Ownership and threading: a SendTable is owned by the connector actor of
+// one P rank and called from that actor's thread only. It performs no I/O,
+// reads no clock and allocates only from its own slabs; time arrives as
+// `now`, effects leave as actions drained by PollAction().
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "base/transfer_id.h"
+#include "base/typed_id.h"
+#include "core/block_id.h"
+#include "core/timer_heap.h"
+#include "core/transfer_result.h"
+
+namespace kvrelay {
+
+// Names one (pull, transfer) item; it is also the id of the write that
+// serves it, so a write completion names exactly the item it belongs to.
+using WriteId = TypedId<struct PullItemTag>;
+
+struct SendTableOptions {
+  // How long a READY send waits to be pulled, and a pull waits for its
+  // prefill and a sender. vLLM's VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT.
+  Duration abort_timeout = Duration::Seconds(480);
+  // D gives up this long after a pull's deadline.
+  Duration giveup_grace = Duration::Seconds(60);
+  // At most this many writes in flight on this rank.
+  uint32_t num_workers = 4;
+  // Bounds: a peer cannot grow the table without limit.
+  uint32_t max_sends = 1u << 20;          // live sends incl. placeholders
+  uint32_t max_pull_items = 1u << 20;     // items waiting or writing
+  uint32_t max_tombstones = 1u << 20;
+  uint32_t max_items_per_pull = 4096;
+  uint32_t max_blocks_per_item = 1u << 16;
+};
+
+// One transfer named in a pull. Empty `dst` means a release.
+struct PullItem {
+  TransferId transfer;
+  std::vector<BlockId> dst;
+};
+
+// --- Actions (effects for the driver) -------------------------------------
+
+// Send `result` for (pull, transfer) back to the D rank `peer`.
+struct AnswerPull {
+  PeerId peer;
+  uint64_t pull_seq = 0;
+  TransferId transfer;
+  TransferResult result = TransferResult::kOk;
+};
+
+// Copy P's `src` blocks into D's `dst` blocks (same count, in order), then
+// report WriteDone(write, ok). The writer must not start after `deadline`;
+// if it would, it reports WriteDone(write, false) without writing.
+struct StartWrite {
+  WriteId write;
+  PeerId peer;
+  uint64_t pull_seq = 0;
+  TransferId transfer;
+  std::vector<BlockId> src;
+  std::vector<BlockId> dst;
+  Instant deadline;
+};
+
+// No write reads the blocks of `transfer` any more: P's engine may free
+// them. Emitted exactly once per transfer whose Ready() was accepted.
+struct SendFinished {
+  TransferId transfer;
+  TransferResult reason = TransferResult::kOk;
+};
+
+using SendAction = std::variant<AnswerPull, StartWrite, SendFinished>;
+
+enum class SendState : uint8_t { kWaiting, kReady, kDone };
+
+struct SendTableStats {
+  uint64_t claims = 0;
+  uint64_t claims_rejected_duplicate = 0;
+  uint64_t claims_after_end = 0;
+  uint64_t readies = 0;
+  uint64_t readies_refused = 0;
+  uint64_t pull_items = 0;
+  uint64_t releases = 0;
+  uint64_t placeholders = 0;
+  uint64_t answered_from_tombstone = 0;
+  uint64_t answers[kTransferResultCount] = {};
+  uint64_t ends[kTransferResultCount] = {};
+  uint64_t writes_started = 0;
+  uint64_t writes_ok = 0;
+  uint64_t writes_failed = 0;
+  uint64_t writes_done_after_end = 0;
+  uint64_t stale_write_done = 0;
+  uint64_t deadline_at_admission = 0;
+  uint64_t deadline_timer = 0;
+  uint64_t tombstones_evicted = 0;
+  uint64_t items_rejected = 0;
+  uint64_t aborts_unknown = 0;
+};
+
+class SendTable {
+ public:
+  explicit SendTable(const SendTableOptions& options);
+  SendTable(const SendTable&) = delete;
+  SendTable& operator=(const SendTable&) = delete;
+
+  // P's scheduler admits a request that will be decoded remotely. `need` is
+  // the number of D ranks that must pull from this P rank (>= 1).
+  // Errors: kAlreadyExists if a live send has this id (the first one is
+  // untouched); kCancelled if the transfer already ended (D released it
+  // before P saw it); kResourceExhausted over max_sends.
+  Status Claim(TransferId transfer, uint32_t need, Instant now);
+
+  // Prefill finished: P hands over the request's blocks (in prompt order).
+  // On OK the table owns the hold and will emit SendFinished exactly once.
+  // On error P keeps ownership and frees the blocks itself: kCancelled if
+  // the transfer already ended (released, aborted, deadline) — the engine
+  // frees at once; kFailedPrecondition if it was never claimed;
+  // kInvalidArgument if `blocks` is empty.
+  Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now);
+
+  // P aborts the request (before scheduling, while running or after ready).
+  // An unknown transfer gets a tombstone so a later pull fails fast.
+  void Abort(TransferId transfer, Instant now);
+
+  // The engine's abort-transfers hook: ends every send this rank holds.
+  void AbortAll(Instant now);
+
+  // A pull from D rank `peer`, carrying one or more transfers.
+  void Pull(PeerId peer, uint64_t pull_seq, std::span<const PullItem> items,
+            Instant now);
+
+  // A write started by StartWrite finished. A stale id is counted, dropped.
+  void WriteDone(WriteId write, bool ok, Instant now);
+
+  // Fires expiries, pull deadlines and tombstone ageing due at `now`.
+  void OnTimer(Instant now);
+  std::optional<Instant> NextDeadline() const;
+
+  std::optional<SendAction> PollAction();
+  bool HasActions() const { return !actions_.empty(); }
+
+  // Observers, for tests, metrics and the simulator.
+  std::optional<SendState> StateOf(TransferId transfer) const;
+  bool HasTombstone(TransferId transfer) const {
+    return tombstones_.count(transfer) != 0;
+  }
+  size_t live_sends() const { return index_.size(); }
+  size_t live_pull_items() const { return live_items_; }
+  size_t tombstones() const { return tombstones_.size(); }
+  uint32_t writes_in_flight() const { return writes_in_flight_; }
+  size_t queued_for_sender() const { return admission_.size; }
+  const SendTableStats& stats() const { return stats_; }
+  const SendTableOptions& options() const { return options_; }
+
+  // O(n) structural check: every link, count and timer agrees with the
+  // records. KV_CHECK-fails on any violation.
+  void CheckInvariants() const;
+
+ private:
+  static constexpr uint32_t kNil = UINT32_MAX;
+
+  // Intrusive doubly-linked list over item slots.
+  struct List {
+    uint32_t head = kNil;
+    uint32_t tail = kNil;
+    uint32_t size = 0;
+  };
+  struct Links {
+    uint32_t prev = kNil;
+    uint32_t next = kNil;
+  };
+
+  enum class ItemState : uint8_t { kFree, kWaiting, kQueued, kWriting };
+
+  struct Item {
+    ItemState state = ItemState::kFree;
+    uint32_t generation = 0;
+    uint32_t send = kNil;     // owning send slot
+    PeerId peer;
+    uint64_t pull_seq = 0;
+    Instant deadline;
+    std::vector<BlockId> dst;
+    Links in_send;            // on Send::items (waiting, queued or writing)
+    Links in_queue;           // on admission_ (queued only)
+    uint32_t next_free = kNil;
+  };
+
+  struct Send {
+    bool used = false;
+    uint32_t generation = 0;
+    TransferId transfer;
+    SendState state = SendState::kWaiting;
+    bool claimed = false;
+    bool holds_blocks = false;   // Ready() accepted; SendFinished owed
+    TransferResult end_reason = TransferResult::kOk;
+    uint32_t need = 0;
+    uint32_t pulled = 0;
+    uint32_t writes_in_flight = 0;
+    std::vector<BlockId> blocks;
+    List items;
+    uint32_t next_free = kNil;
+  };
+
+  struct Tombstone {
+    TransferId transfer;
+    Instant created;
+  };
+
+  // --- the transitions ---
+  void EndSend(uint32_t s, TransferResult reason, Instant now);
+  void MaybeRelease(uint32_t s);
+  void AdmitWrites(Instant now);
+  void OnItemDeadline(uint32_t i, Instant now);
+
+  // --- helpers ---
+  uint32_t NewSend(TransferId transfer);
+  void FreeSend(uint32_t s);
+  uint32_t NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
+                   std::vector<BlockId> dst, Instant now);
+  void AnswerItem(uint32_t i, TransferResult result);
+  void FreeItem(uint32_t i);
+  void Answer(PeerId peer, uint64_t seq, TransferId t, TransferResult r);
+  void AddTombstone(TransferId transfer, TransferResult reason, Instant now);
+  void PruneTombstones(Instant now);
+  Duration TombstoneTtl() const {
+    return options_.abort_timeout + options_.giveup_grace;
+  }
+  // Looks up how an ended transfer ended: a DONE send or a tombstone.
+  std::optional<TransferResult> EndedAs(TransferId transfer) const;
+  void HandleRelease(TransferId t, PeerId peer, uint64_t seq, Instant now);
+
+  Links& SendLinks(uint32_t i) { return items_[i].in_send; }
+  Links& QueueLinks(uint32_t i) { return items_[i].in_queue; }
+  template <Links Item::*L>
+  void ListPush(List& list, uint32_t i);
+  template <Links Item::*L>
+  void ListRemove(List& list, uint32_t i);
+
+  const SendTableOptions options_;
+  std::vector<Send> sends_;
+  uint32_t free_sends_ = kNil;
+  std::unordered_map<TransferId, uint32_t> index_;  // live records
+  std::vector<Item> items_;
+  uint32_t free_items_ = kNil;
+  size_t live_items_ = 0;
+  List admission_;                  // items waiting for a sender, FIFO
+  uint32_t writes_in_flight_ = 0;   // across all sends; <= num_workers
+  TimerHeap expiry_;                // key: send slot
+  TimerHeap deadlines_;             // key: item slot
+  std::unordered_map<TransferId, TransferResult> tombstones_;
+  std::deque<Tombstone> tombstone_fifo_;  // creation order == expiry order
+  std::deque<SendAction> actions_;
+  SendTableStats stats_;
+};
+
+}  // namespace kvrelay
