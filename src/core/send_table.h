@@ -184,6 +184,7 @@ class SendTable {
 
   // Prefill finished: P hands over the request's blocks (in prompt order).
   // On OK the table owns the hold and will emit SendFinished exactly once.
+  // REQUIRES: Ready() was not accepted before for this transfer.
   // On error P keeps ownership and frees the blocks itself: kCancelled if
   // the transfer already ended (released, aborted, deadline) — the engine
   // frees at once; kFailedPrecondition if it was never claimed;

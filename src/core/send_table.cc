@@ -1,0 +1,608 @@
+#include "core/send_table.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/check.h"
+
+namespace kvrelay {
+
+SendTable::SendTable(const SendTableOptions& options) : options_(options) {
+  KV_CHECK_GT(options_.num_workers, 0u);
+  KV_CHECK_GT(options_.abort_timeout, Duration::Zero());
+  KV_CHECK_GE(options_.giveup_grace, Duration::Zero());
+}
+
+// ---------------------------------------------------------------------------
+// Inputs from P's engine.
+
+Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now) {
+  KV_CHECK_GE(need, 1u);
+  PruneTombstones(now);
+  ++stats_.claims;
+  auto it = index_.find(transfer);
+  if (it != index_.end()) {
+    Send& send = sends_[it->second];
+    if (send.state == SendState::kDone) {
+      ++stats_.claims_after_end;
+      return CancelledError("transfer " + transfer.ToString() +
+                            " already ended: " +
+                            std::string(TransferResultName(send.end_reason)));
+    }
+    if (send.claimed) {
+      ++stats_.claims_rejected_duplicate;
+      return AlreadyExistsError("transfer " + transfer.ToString() +
+                                " is already claimed by a live request");
+    }
+    // A pull got here first and left a placeholder: adopt it. A running
+    // request never expires, so the placeholder's expiry is disarmed; the
+    // waiting pulls keep their own deadlines.
+    send.claimed = true;
+    send.need = need;
+    expiry_.Cancel(it->second);
+    return Status::Ok();
+  }
+  if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
+    ++stats_.claims_after_end;
+    return CancelledError("transfer " + transfer.ToString() +
+                          " already ended: " +
+                          std::string(TransferResultName(ended->second)));
+  }
+  if (index_.size() >= options_.max_sends) {
+    return ResourceExhaustedError("send table full (max_sends=" +
+                                  std::to_string(options_.max_sends) + ")");
+  }
+  uint32_t s = NewSend(transfer);
+  sends_[s].claimed = true;
+  sends_[s].need = need;
+  return Status::Ok();
+}
+
+Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
+                        Instant now) {
+  PruneTombstones(now);
+  if (blocks.empty()) {
+    return InvalidArgumentError("Ready with no blocks for transfer " +
+                                transfer.ToString());
+  }
+  auto it = index_.find(transfer);
+  if (it == index_.end()) {
+    ++stats_.readies_refused;
+    if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
+      return CancelledError("transfer " + transfer.ToString() +
+                            " already ended: " +
+                            std::string(TransferResultName(ended->second)));
+    }
+    return FailedPreconditionError("Ready for unclaimed transfer " +
+                                   transfer.ToString());
+  }
+  const uint32_t s = it->second;
+  Send& send = sends_[s];
+  if (send.state == SendState::kDone) {
+    ++stats_.readies_refused;
+    return CancelledError("transfer " + transfer.ToString() + " already ended: " +
+                          std::string(TransferResultName(send.end_reason)));
+  }
+  if (!send.claimed) {
+    ++stats_.readies_refused;
+    return FailedPreconditionError("Ready for unclaimed transfer " +
+                                   transfer.ToString());
+  }
+  KV_CHECK(send.state == SendState::kWaiting);  // Ready twice is a bug
+  ++stats_.readies;
+  send.state = SendState::kReady;
+  send.holds_blocks = true;
+  send.blocks = std::move(blocks);
+  // Expiry counts from when P is done, not from the claim.
+  expiry_.Arm(s, now + options_.abort_timeout);
+  // Pulls that waited for the prefill now wait for a sender, in arrival
+  // order. One that asks for more blocks than the prompt has is refused.
+  uint32_t i = send.items.head;
+  while (i != kNil) {
+    const uint32_t next = items_[i].in_send.next;
+    KV_CHECK(items_[i].state == ItemState::kWaiting);
+    if (items_[i].dst.size() > send.blocks.size()) {
+      ++stats_.items_rejected;
+      AnswerItem(i, TransferResult::kRejected);
+    } else {
+      items_[i].state = ItemState::kQueued;
+      ListPush<&Item::in_queue>(admission_, i);
+    }
+    i = next;
+  }
+  AdmitWrites(now);
+  return Status::Ok();
+}
+
+void SendTable::Abort(TransferId transfer, Instant now) {
+  PruneTombstones(now);
+  auto it = index_.find(transfer);
+  if (it != index_.end()) {
+    if (sends_[it->second].state != SendState::kDone) {
+      EndSend(it->second, TransferResult::kAborted, now);
+    }
+    return;
+  }
+  if (tombstones_.count(transfer) != 0) return;
+  // Aborted before P ever claimed it: remember, so D's pull fails fast.
+  ++stats_.aborts_unknown;
+  AddTombstone(transfer, TransferResult::kAborted, now);
+}
+
+void SendTable::AbortAll(Instant now) {
+  PruneTombstones(now);
+  std::vector<uint32_t> live;
+  live.reserve(index_.size());
+  for (const auto& [t, s] : index_) {
+    if (sends_[s].state != SendState::kDone) live.push_back(s);
+  }
+  // Slot order, not hash order: the same inputs give the same actions.
+  std::sort(live.begin(), live.end());
+  for (uint32_t s : live) EndSend(s, TransferResult::kAborted, now);
+}
+
+// ---------------------------------------------------------------------------
+// Inputs from D ranks.
+
+void SendTable::Pull(PeerId peer, uint64_t pull_seq,
+                     std::span<const PullItem> items, Instant now) {
+  PruneTombstones(now);
+  if (items.size() > options_.max_items_per_pull) {
+    for (const PullItem& item : items) {
+      ++stats_.items_rejected;
+      Answer(peer, pull_seq, item.transfer, TransferResult::kRejected);
+    }
+    return;
+  }
+  // Pass 1: everything that can be answered now is answered now, before any
+  // write of this batch is admitted — releases, ended transfers, bad items.
+  std::vector<const PullItem*> rest;
+  for (const PullItem& item : items) {
+    ++stats_.pull_items;
+    if (item.dst.empty()) {
+      HandleRelease(item.transfer, peer, pull_seq, now);
+      continue;
+    }
+    if (item.dst.size() > options_.max_blocks_per_item) {
+      ++stats_.items_rejected;
+      Answer(peer, pull_seq, item.transfer, TransferResult::kRejected);
+      continue;
+    }
+    if (auto ended = EndedAs(item.transfer)) {
+      ++stats_.answered_from_tombstone;
+      Answer(peer, pull_seq, item.transfer, *ended);
+      continue;
+    }
+    rest.push_back(&item);
+  }
+  // Pass 2: attach the rest to their sends (creating placeholders).
+  for (const PullItem* item : rest) {
+    // A release or deadline earlier in this batch may have ended it.
+    if (auto ended = EndedAs(item->transfer)) {
+      ++stats_.answered_from_tombstone;
+      Answer(peer, pull_seq, item->transfer, *ended);
+      continue;
+    }
+    auto it = index_.find(item->transfer);
+    if (live_items_ >= options_.max_pull_items ||
+        (it == index_.end() && index_.size() >= options_.max_sends)) {
+      ++stats_.items_rejected;
+      Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
+      continue;
+    }
+    uint32_t s;
+    if (it != index_.end()) {
+      s = it->second;
+    } else {
+      // P has never heard of it: a placeholder that expires one timeout
+      // after this pull unless P claims it.
+      s = NewSend(item->transfer);
+      ++stats_.placeholders;
+      expiry_.Arm(s, now + options_.abort_timeout);
+    }
+    if (sends_[s].state == SendState::kReady &&
+        item->dst.size() > sends_[s].blocks.size()) {
+      ++stats_.items_rejected;
+      Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
+      continue;
+    }
+    uint32_t i = NewItem(s, peer, pull_seq, item->dst, now);
+    if (sends_[s].state == SendState::kReady) {
+      items_[i].state = ItemState::kQueued;
+      ListPush<&Item::in_queue>(admission_, i);
+    }
+  }
+  AdmitWrites(now);
+}
+
+void SendTable::HandleRelease(TransferId t, PeerId peer, uint64_t seq,
+                              Instant now) {
+  ++stats_.releases;
+  auto it = index_.find(t);
+  if (it != index_.end()) {
+    if (sends_[it->second].state != SendState::kDone) {
+      EndSend(it->second, TransferResult::kReleased, now);
+    }
+  } else if (tombstones_.count(t) == 0) {
+    // Released before P saw the request: a later claim is refused, so P
+    // frees at once instead of holding the KV until expiry.
+    AddTombstone(t, TransferResult::kReleased, now);
+  }
+  // The release itself is answered (it is a pull like any other); D drops
+  // the answer without reporting a completion.
+  Answer(peer, seq, t, TransferResult::kOk);
+}
+
+// ---------------------------------------------------------------------------
+// Inputs from writers and timers.
+
+void SendTable::WriteDone(WriteId write, bool ok, Instant now) {
+  PruneTombstones(now);
+  const uint32_t i = write.index;
+  if (i >= items_.size() || items_[i].generation != write.generation ||
+      items_[i].state != ItemState::kWriting) {
+    ++stats_.stale_write_done;
+    return;
+  }
+  const uint32_t s = items_[i].send;
+  Send& send = sends_[s];
+  KV_CHECK_GT(send.writes_in_flight, 0u);
+  KV_CHECK_GT(writes_in_flight_, 0u);
+  --send.writes_in_flight;
+  --writes_in_flight_;
+  ++(ok ? stats_.writes_ok : stats_.writes_failed);
+  // The write's own result is the truth about the bytes it moved, whatever
+  // happened to the transfer meanwhile.
+  AnswerItem(i, ok ? TransferResult::kOk : TransferResult::kWriteFailed);
+  if (send.state == SendState::kDone) {
+    // Ended (abort, release, expiry) while this write read the blocks:
+    // they are released now if it was the last write.
+    ++stats_.writes_done_after_end;
+    MaybeRelease(s);
+  } else if (!ok) {
+    // D fails the load anyway: end now rather than hold until expiry.
+    EndSend(s, TransferResult::kWriteFailed, now);
+  } else if (++send.pulled >= send.need) {
+    EndSend(s, TransferResult::kOk, now);
+  }
+  AdmitWrites(now);
+}
+
+void SendTable::OnTimer(Instant now) {
+  PruneTombstones(now);
+  while (auto s = expiry_.PopExpired(now)) {
+    KV_CHECK(sends_[*s].used);
+    KV_CHECK(sends_[*s].state != SendState::kDone);
+    EndSend(*s, TransferResult::kExpired, now);
+  }
+  while (auto i = deadlines_.PopExpired(now)) {
+    ++stats_.deadline_timer;
+    OnItemDeadline(*i, now);
+  }
+  AdmitWrites(now);
+}
+
+std::optional<Instant> SendTable::NextDeadline() const {
+  std::optional<Instant> next;
+  auto consider = [&next](Instant t) {
+    if (!next || t < *next) next = t;
+  };
+  if (auto top = expiry_.Top()) consider(top->first);
+  if (auto top = deadlines_.Top()) consider(top->first);
+  if (!tombstone_fifo_.empty()) {
+    consider(tombstone_fifo_.front().created + TombstoneTtl());
+  }
+  return next;
+}
+
+std::optional<SendAction> SendTable::PollAction() {
+  if (actions_.empty()) return std::nullopt;
+  SendAction a = std::move(actions_.front());
+  actions_.pop_front();
+  return a;
+}
+
+std::optional<SendState> SendTable::StateOf(TransferId transfer) const {
+  auto it = index_.find(transfer);
+  if (it == index_.end()) return std::nullopt;
+  return sends_[it->second].state;
+}
+
+// ---------------------------------------------------------------------------
+// The transitions.
+
+// The only place a send becomes DONE.
+void SendTable::EndSend(uint32_t s, TransferResult reason, Instant now) {
+  Send& send = sends_[s];
+  KV_CHECK(send.used);
+  KV_CHECK(send.state != SendState::kDone);
+  send.state = SendState::kDone;
+  send.end_reason = reason;
+  ++stats_.ends[static_cast<int>(reason)];
+  expiry_.Cancel(s);
+  // Answer every item that is still waiting (for the prefill or a sender).
+  // Items being written keep their place: their write's completion answers.
+  const TransferResult answer =
+      reason == TransferResult::kOk ? TransferResult::kAlreadyPulled : reason;
+  uint32_t i = send.items.head;
+  while (i != kNil) {
+    uint32_t next = items_[i].in_send.next;
+    if (items_[i].state != ItemState::kWriting) AnswerItem(i, answer);
+    i = next;
+  }
+  if (reason != TransferResult::kOk) AddTombstone(send.transfer, reason, now);
+  MaybeRelease(s);
+}
+
+// Frees a DONE send's record once no write reads its blocks, releasing the
+// blocks to P's engine if Ready() handed them over.
+void SendTable::MaybeRelease(uint32_t s) {
+  Send& send = sends_[s];
+  KV_CHECK(send.used);
+  if (send.state != SendState::kDone || send.writes_in_flight > 0) return;
+  KV_CHECK_EQ(send.items.size, 0u);
+  if (send.holds_blocks) {
+    actions_.push_back(SendFinished{send.transfer, send.end_reason});
+  }
+  index_.erase(send.transfer);
+  FreeSend(s);
+}
+
+// Hands free senders to queued items, oldest first. The deadline is checked
+// again here, after a sender is taken: no write starts after D gave up.
+void SendTable::AdmitWrites(Instant now) {
+  while (writes_in_flight_ < options_.num_workers && admission_.size > 0) {
+    const uint32_t i = admission_.head;
+    Item& item = items_[i];
+    KV_CHECK(item.state == ItemState::kQueued);
+    const uint32_t s = item.send;
+    KV_CHECK(sends_[s].state == SendState::kReady);
+    if (now >= item.deadline) {
+      ++stats_.deadline_at_admission;
+      OnItemDeadline(i, now);
+      continue;
+    }
+    ListRemove<&Item::in_queue>(admission_, i);
+    deadlines_.Cancel(i);
+    item.state = ItemState::kWriting;
+    Send& send = sends_[s];
+    ++send.writes_in_flight;
+    ++writes_in_flight_;
+    ++stats_.writes_started;
+    // D may hold a prefix of the prompt already: it asks for the tail.
+    KV_CHECK_LE(item.dst.size(), send.blocks.size());
+    std::vector<BlockId> src(send.blocks.end() - static_cast<std::ptrdiff_t>(item.dst.size()),
+                             send.blocks.end());
+    actions_.push_back(StartWrite{WriteId{i, item.generation}, item.peer,
+                                  item.pull_seq, send.transfer, std::move(src),
+                                  item.dst, item.deadline});
+  }
+}
+
+// A pull waited too long for its prefill or a sender. D fails the load on
+// this answer, so the transfer ends with it.
+void SendTable::OnItemDeadline(uint32_t i, Instant now) {
+  Item& item = items_[i];
+  KV_CHECK(item.state == ItemState::kWaiting || item.state == ItemState::kQueued);
+  const uint32_t s = item.send;
+  // Waiting items of a DONE send were answered when it ended.
+  KV_CHECK(sends_[s].state != SendState::kDone);
+  AnswerItem(i, TransferResult::kDeadline);
+  EndSend(s, TransferResult::kDeadline, now);
+}
+
+// ---------------------------------------------------------------------------
+// Slabs, lists, answers, tombstones.
+
+uint32_t SendTable::NewSend(TransferId transfer) {
+  uint32_t s;
+  if (free_sends_ != kNil) {
+    s = free_sends_;
+    free_sends_ = sends_[s].next_free;
+  } else {
+    s = static_cast<uint32_t>(sends_.size());
+    sends_.emplace_back();
+  }
+  Send& send = sends_[s];
+  const uint32_t gen = send.generation + 1;
+  send = Send{};
+  send.used = true;
+  send.generation = gen;
+  send.transfer = transfer;
+  index_.emplace(transfer, s);
+  return s;
+}
+
+void SendTable::FreeSend(uint32_t s) {
+  Send& send = sends_[s];
+  KV_CHECK(send.used);
+  KV_CHECK(!expiry_.IsArmed(s));
+  send.used = false;
+  send.blocks.clear();
+  send.blocks.shrink_to_fit();
+  send.next_free = free_sends_;
+  free_sends_ = s;
+}
+
+uint32_t SendTable::NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
+                            std::vector<BlockId> dst, Instant now) {
+  uint32_t i;
+  if (free_items_ != kNil) {
+    i = free_items_;
+    free_items_ = items_[i].next_free;
+  } else {
+    i = static_cast<uint32_t>(items_.size());
+    items_.emplace_back();
+  }
+  Item& item = items_[i];
+  KV_CHECK(item.state == ItemState::kFree);
+  item.generation += 1;
+  item.state = ItemState::kWaiting;
+  item.send = s;
+  item.peer = peer;
+  item.pull_seq = pull_seq;
+  item.deadline = now + options_.abort_timeout;
+  item.dst = std::move(dst);
+  item.in_send = Links{};
+  item.in_queue = Links{};
+  ListPush<&Item::in_send>(sends_[s].items, i);
+  deadlines_.Arm(i, item.deadline);
+  ++live_items_;
+  return i;
+}
+
+void SendTable::AnswerItem(uint32_t i, TransferResult result) {
+  Item& item = items_[i];
+  KV_CHECK(item.state != ItemState::kFree);
+  Answer(item.peer, item.pull_seq, sends_[item.send].transfer, result);
+  FreeItem(i);
+}
+
+void SendTable::FreeItem(uint32_t i) {
+  Item& item = items_[i];
+  if (item.state == ItemState::kQueued) {
+    ListRemove<&Item::in_queue>(admission_, i);
+  }
+  ListRemove<&Item::in_send>(sends_[item.send].items, i);
+  deadlines_.Cancel(i);
+  item.state = ItemState::kFree;
+  item.dst.clear();
+  item.send = kNil;
+  item.next_free = free_items_;
+  free_items_ = i;
+  KV_CHECK_GT(live_items_, 0u);
+  --live_items_;
+}
+
+void SendTable::Answer(PeerId peer, uint64_t seq, TransferId t,
+                       TransferResult r) {
+  ++stats_.answers[static_cast<int>(r)];
+  actions_.push_back(AnswerPull{peer, seq, t, r});
+}
+
+std::optional<TransferResult> SendTable::EndedAs(TransferId transfer) const {
+  auto it = index_.find(transfer);
+  if (it != index_.end()) {
+    const Send& send = sends_[it->second];
+    if (send.state == SendState::kDone) {
+      // Everyone who needed it pulled; this pull is surplus.
+      return send.end_reason == TransferResult::kOk
+                 ? TransferResult::kAlreadyPulled
+                 : send.end_reason;
+    }
+    return std::nullopt;
+  }
+  auto t = tombstones_.find(transfer);
+  if (t != tombstones_.end()) return t->second;
+  return std::nullopt;
+}
+
+void SendTable::AddTombstone(TransferId transfer, TransferResult reason,
+                             Instant now) {
+  if (tombstones_.count(transfer) != 0) return;
+  while (tombstones_.size() >= options_.max_tombstones) {
+    KV_CHECK(!tombstone_fifo_.empty());
+    tombstones_.erase(tombstone_fifo_.front().transfer);
+    tombstone_fifo_.pop_front();
+    ++stats_.tombstones_evicted;
+  }
+  tombstones_.emplace(transfer, reason);
+  tombstone_fifo_.push_back(Tombstone{transfer, now});
+}
+
+void SendTable::PruneTombstones(Instant now) {
+  while (!tombstone_fifo_.empty() &&
+         tombstone_fifo_.front().created + TombstoneTtl() <= now) {
+    tombstones_.erase(tombstone_fifo_.front().transfer);
+    tombstone_fifo_.pop_front();
+  }
+}
+
+template <SendTable::Links SendTable::Item::*L>
+void SendTable::ListPush(List& list, uint32_t i) {
+  Links& links = items_[i].*L;
+  links.prev = list.tail;
+  links.next = kNil;
+  if (list.tail != kNil) (items_[list.tail].*L).next = i;
+  else list.head = i;
+  list.tail = i;
+  ++list.size;
+}
+
+template <SendTable::Links SendTable::Item::*L>
+void SendTable::ListRemove(List& list, uint32_t i) {
+  Links& links = items_[i].*L;
+  if (links.prev != kNil) (items_[links.prev].*L).next = links.next;
+  else list.head = links.next;
+  if (links.next != kNil) (items_[links.next].*L).prev = links.prev;
+  else list.tail = links.prev;
+  links = Links{};
+  KV_CHECK_GT(list.size, 0u);
+  --list.size;
+}
+
+// ---------------------------------------------------------------------------
+
+void SendTable::CheckInvariants() const {
+  expiry_.CheckInvariants();
+  deadlines_.CheckInvariants();
+  KV_CHECK_LE(writes_in_flight_, options_.num_workers);
+  KV_CHECK_EQ(tombstones_.size(), tombstone_fifo_.size());
+  size_t items_seen = 0, queued_seen = 0;
+  uint32_t writes_seen = 0;
+  for (const auto& [t, s] : index_) {
+    const Send& send = sends_[s];
+    KV_CHECK(send.used);
+    KV_CHECK(send.transfer == t);
+    // A DONE record lingers only while a write reads its blocks.
+    if (send.state == SendState::kDone) {
+      KV_CHECK_GT(send.writes_in_flight, 0u);
+      KV_CHECK(!expiry_.IsArmed(s));
+    }
+    // Every READY send and every unclaimed placeholder can expire; a
+    // running request never does.
+    if (send.state == SendState::kReady) KV_CHECK(expiry_.IsArmed(s));
+    if (send.state == SendState::kWaiting) {
+      KV_CHECK_EQ(expiry_.IsArmed(s), !send.claimed);
+      KV_CHECK(!send.holds_blocks);
+    }
+    KV_CHECK_EQ(send.holds_blocks, !send.blocks.empty());
+    uint32_t writing = 0;
+    uint32_t n = 0;
+    for (uint32_t i = send.items.head; i != kNil; i = items_[i].in_send.next) {
+      const Item& item = items_[i];
+      KV_CHECK_EQ(item.send, s);
+      ++n;
+      switch (item.state) {
+        case ItemState::kWaiting:
+          KV_CHECK(send.state == SendState::kWaiting);
+          KV_CHECK(deadlines_.IsArmed(i));
+          break;
+        case ItemState::kQueued:
+          KV_CHECK(send.state == SendState::kReady);
+          KV_CHECK(deadlines_.IsArmed(i));
+          ++queued_seen;
+          break;
+        case ItemState::kWriting:
+          KV_CHECK(!deadlines_.IsArmed(i));
+          ++writing;
+          break;
+        case ItemState::kFree:
+          KV_CHECK_MSG(false, "free item linked to a send");
+      }
+    }
+    KV_CHECK_EQ(n, send.items.size);
+    KV_CHECK_EQ(writing, send.writes_in_flight);
+    writes_seen += writing;
+    items_seen += n;
+  }
+  KV_CHECK_EQ(items_seen, live_items_);
+  KV_CHECK_EQ(queued_seen, admission_.size);
+  KV_CHECK_EQ(writes_seen, writes_in_flight_);
+  KV_CHECK_EQ(deadlines_.size() + writes_in_flight_, live_items_);
+  // A sender is idle only when nothing waits for one.
+  if (admission_.size > 0) KV_CHECK_EQ(writes_in_flight_, options_.num_workers);
+  for (const auto& [t, r] : tombstones_) KV_CHECK(r != TransferResult::kOk);
+}
+
+}  // namespace kvrelay
