@@ -12,6 +12,7 @@ std::string_view TransferResultName(TransferResult r) {
     case TransferResult::kDeadline: return "deadline";
     case TransferResult::kRejected: return "rejected";
     case TransferResult::kAlreadyPulled: return "already_pulled";
+    case TransferResult::kUnreachable: return "unreachable";
   }
   return "unknown";
 }

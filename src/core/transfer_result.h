@@ -18,9 +18,10 @@ enum class TransferResult : uint8_t {
   kDeadline = 5,      // the pull's deadline passed before a write could start
   kRejected = 6,      // the pull was malformed or over a limit
   kAlreadyPulled = 7, // a surplus pull: every D rank that needed it pulled
+  kUnreachable = 8,   // D could not reach (or lost) the producer rank
 };
 
-inline constexpr int kTransferResultCount = 8;
+inline constexpr int kTransferResultCount = 9;
 
 std::string_view TransferResultName(TransferResult r);
 

@@ -1,0 +1,82 @@
+// connector_metadata.h — what the engine's scheduler tells every rank's
+// connector once per step (vLLM's KVConnectorMetadata), and what each rank
+// reports back (vLLM's get_finished()).
+//
+// Why a per-step value: in a real engine the scheduler and the rank workers
+// are different processes; the scheduler decides, the ranks act. Each rank
+// applies the whole metadata and picks what concerns it. Every rank reports
+// each id exactly once; the scheduler surfaces an id only when all ranks
+// have (ConnectorScheduler).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/transfer_id.h"
+#include "core/block_id.h"
+#include "core/load_table.h"
+#include "core/request_id.h"
+
+namespace kvrelay {
+
+// P: a request that will be decoded remotely was admitted.
+struct ClaimOp {
+  TransferId transfer;
+  uint32_t consumer_tp = 1;
+};
+// P: its prefill finished; these blocks (same ids on every rank) hold it.
+struct ReadyOp {
+  TransferId transfer;
+  std::vector<BlockId> blocks;
+};
+// P: the request was aborted; end its send.
+struct AbortSendOp {
+  TransferId transfer;
+};
+// D: blocks are allocated; pull the KV from the producer engine's ranks.
+struct LoadOp {
+  RequestId request;
+  TransferId transfer;
+  uint32_t producer_engine = 0;
+  uint32_t producer_tp = 1;
+  std::vector<BlockId> dst;
+};
+// D: the request finished while loading; release its load.
+struct ReleaseLoadOp {
+  RequestId request;
+};
+// D: the request finished before blocks were allocated; tell P.
+struct ReleaseUnstartedOp {
+  TransferId transfer;
+  uint32_t producer_engine = 0;
+  uint32_t producer_tp = 1;
+};
+
+struct ConnectorMetadata {
+  std::vector<ClaimOp> claims;
+  std::vector<ReadyOp> readies;
+  std::vector<AbortSendOp> aborts;
+  std::vector<LoadOp> loads;
+  std::vector<ReleaseLoadOp> releases;
+  std::vector<ReleaseUnstartedOp> unstarted_releases;
+  bool abort_all = false;  // abort_transfers(), applied after the rest
+
+  bool empty() const {
+    return claims.empty() && readies.empty() && aborts.empty() &&
+           loads.empty() && releases.empty() && unstarted_releases.empty() &&
+           !abort_all;
+  }
+};
+
+// One rank's get_finished(), drained once per engine step.
+struct RankReport {
+  std::vector<TransferId> finished_sending;  // P: this rank holds it no more
+  std::vector<LoadDone> finished_recving;    // D: this rank's load ended
+  std::vector<RequestId> released;           // D: released load's blocks free
+  bool empty() const {
+    return finished_sending.empty() && finished_recving.empty() &&
+           released.empty();
+  }
+};
+
+}  // namespace kvrelay

@@ -1,0 +1,246 @@
+#include "core/load_table.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/check.h"
+
+namespace kvrelay {
+
+LoadTable::LoadTable(const LoadTableOptions& options) : options_(options) {
+  KV_CHECK_GT(options_.abort_timeout, Duration::Zero());
+}
+
+Status LoadTable::Start(RequestId request, TransferId transfer,
+                        std::span<const PeerId> producers,
+                        std::vector<BlockId> dst, Instant now) {
+  if (producers.empty() || producers.size() > options_.max_producers) {
+    return InvalidArgumentError("a load needs 1.." +
+                                std::to_string(options_.max_producers) +
+                                " producers, got " +
+                                std::to_string(producers.size()));
+  }
+  if (dst.empty()) return InvalidArgumentError("a load needs destination blocks");
+  for (size_t i = 0; i < producers.size(); ++i) {
+    for (size_t j = i + 1; j < producers.size(); ++j) {
+      if (producers[i] == producers[j]) {
+        return InvalidArgumentError("producer " + producers[i].ToString() +
+                                    " named twice");
+      }
+    }
+  }
+  if (by_transfer_.count(transfer) != 0) {
+    return AlreadyExistsError("transfer " + transfer.ToString() +
+                              " is already loading");
+  }
+  if (by_request_.count(request) != 0) {
+    return AlreadyExistsError("request " + request.ToString() +
+                              " is already loading");
+  }
+  if (by_transfer_.size() >= options_.max_loads) {
+    return ResourceExhaustedError("load table full");
+  }
+  uint32_t slot;
+  if (free_loads_ != kNil) {
+    slot = free_loads_;
+    free_loads_ = loads_[slot].next_free;
+  } else {
+    slot = static_cast<uint32_t>(loads_.size());
+    loads_.emplace_back();
+  }
+  Load& load = loads_[slot];
+  load = Load{};
+  load.used = true;
+  load.request = request;
+  load.transfer = transfer;
+  load.giveup = now + options_.abort_timeout + options_.giveup_grace;
+  load.unanswered = static_cast<uint32_t>(producers.size());
+  for (const PeerId& peer : producers) {
+    Producer p;
+    p.peer = peer;
+    p.pull_seq = NextSeq(false);
+    load.producers.push_back(p);
+    actions_.push_back(SendPull{peer, p.pull_seq, transfer, dst});
+  }
+  by_transfer_.emplace(transfer, slot);
+  by_request_.emplace(request, slot);
+  giveup_.Arm(slot, load.giveup);
+  ++stats_.loads_started;
+  return Status::Ok();
+}
+
+bool LoadTable::Release(RequestId request, Instant /*now*/) {
+  auto it = by_request_.find(request);
+  if (it == by_request_.end()) return false;
+  Load& load = loads_[it->second];
+  if (load.released) return true;  // idempotent
+  load.released = true;
+  SendReleases(it->second);
+  return true;
+}
+
+void LoadTable::ReleaseUnstarted(TransferId transfer,
+                                 std::span<const PeerId> producers) {
+  ++stats_.releases_unstarted;
+  for (const PeerId& peer : producers) {
+    ++stats_.releases_sent;
+    actions_.push_back(SendPull{peer, NextSeq(true), transfer, {}});
+  }
+}
+
+void LoadTable::AbortAll(Instant /*now*/) {
+  std::vector<uint32_t> live;
+  live.reserve(by_transfer_.size());
+  for (const auto& [t, slot] : by_transfer_) live.push_back(slot);
+  std::sort(live.begin(), live.end());  // deterministic order
+  for (uint32_t slot : live) {
+    Load& load = loads_[slot];
+    if (load.released || load.cut_short) continue;
+    load.cut_short = true;
+    SendReleases(slot);
+  }
+}
+
+// Releases go only to producers that have not answered: an answered
+// producer has already ended its send.
+void LoadTable::SendReleases(uint32_t slot) {
+  Load& load = loads_[slot];
+  for (const Producer& p : load.producers) {
+    if (p.answered) continue;
+    ++stats_.releases_sent;
+    actions_.push_back(SendPull{p.peer, NextSeq(true), load.transfer, {}});
+  }
+}
+
+void LoadTable::OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
+                         TransferResult result, Instant /*now*/) {
+  ++stats_.answers;
+  if (IsReleaseSeq(pull_seq)) {
+    ++stats_.release_answers;
+    return;
+  }
+  auto it = by_transfer_.find(transfer);
+  if (it == by_transfer_.end()) {
+    ++stats_.late_answers;
+    return;
+  }
+  const uint32_t slot = it->second;
+  Load& load = loads_[slot];
+  for (Producer& p : load.producers) {
+    if (p.peer != peer || p.pull_seq != pull_seq) continue;
+    if (p.answered) {
+      ++stats_.duplicate_answers;
+      return;
+    }
+    Record(slot, p, result);
+    FinishIfComplete(slot);
+    return;
+  }
+  ++stats_.mismatched_answers;
+}
+
+void LoadTable::PeerGone(PeerId peer, Instant /*now*/) {
+  std::vector<uint32_t> hit;
+  for (const auto& [t, slot] : by_transfer_) {
+    for (const Producer& p : loads_[slot].producers) {
+      if (p.peer == peer && !p.answered) hit.push_back(slot);
+    }
+  }
+  std::sort(hit.begin(), hit.end());
+  hit.erase(std::unique(hit.begin(), hit.end()), hit.end());
+  for (uint32_t slot : hit) {
+    for (Producer& p : loads_[slot].producers) {
+      if (p.peer == peer && !p.answered) {
+        ++stats_.producers_lost;
+        Record(slot, p, TransferResult::kUnreachable);
+      }
+    }
+    FinishIfComplete(slot);
+  }
+}
+
+void LoadTable::OnTimer(Instant now) {
+  while (auto slot = giveup_.PopExpired(now)) {
+    Load& load = loads_[*slot];
+    KV_CHECK(load.used);
+    for (Producer& p : load.producers) {
+      if (p.answered) continue;
+      ++stats_.producers_given_up;
+      Record(*slot, p, TransferResult::kDeadline);
+    }
+    FinishIfComplete(*slot);
+  }
+}
+
+std::optional<Instant> LoadTable::NextDeadline() const {
+  if (auto top = giveup_.Top()) return top->first;
+  return std::nullopt;
+}
+
+std::optional<LoadAction> LoadTable::PollAction() {
+  if (actions_.empty()) return std::nullopt;
+  LoadAction a = std::move(actions_.front());
+  actions_.pop_front();
+  return a;
+}
+
+void LoadTable::Record(uint32_t slot, Producer& p, TransferResult result) {
+  Load& load = loads_[slot];
+  KV_CHECK(!p.answered);
+  KV_CHECK_GT(load.unanswered, 0u);
+  p.answered = true;
+  p.result = result;
+  --load.unanswered;
+  if (result != TransferResult::kOk && !load.failed) {
+    load.failed = true;  // sticky
+    load.first_error = result;
+  }
+}
+
+// The only place a load ends.
+void LoadTable::FinishIfComplete(uint32_t slot) {
+  Load& load = loads_[slot];
+  KV_CHECK(load.used);
+  if (load.unanswered > 0) return;
+  if (load.released) {
+    ++stats_.loads_released;
+    actions_.push_back(LoadReleased{load.request, load.transfer});
+  } else {
+    ++(load.failed ? stats_.loads_failed : stats_.loads_ok);
+    if (load.cut_short) ++stats_.loads_cut_short;
+    actions_.push_back(LoadDone{load.request, load.transfer, !load.failed,
+                                load.cut_short, load.first_error});
+  }
+  giveup_.Cancel(slot);
+  by_transfer_.erase(load.transfer);
+  by_request_.erase(load.request);
+  load.used = false;
+  load.producers.clear();
+  load.next_free = free_loads_;
+  free_loads_ = slot;
+}
+
+void LoadTable::CheckInvariants() const {
+  giveup_.CheckInvariants();
+  KV_CHECK_EQ(by_transfer_.size(), by_request_.size());
+  KV_CHECK_EQ(giveup_.size(), by_transfer_.size());
+  for (const auto& [t, slot] : by_transfer_) {
+    const Load& load = loads_[slot];
+    KV_CHECK(load.used);
+    KV_CHECK(load.transfer == t);
+    KV_CHECK(giveup_.IsArmed(slot));
+    auto r = by_request_.find(load.request);
+    KV_CHECK(r != by_request_.end() && r->second == slot);
+    uint32_t unanswered = 0;
+    bool any_error = false;
+    for (const Producer& p : load.producers) {
+      if (!p.answered) ++unanswered;
+      else if (p.result != TransferResult::kOk) any_error = true;
+    }
+    KV_CHECK_EQ(unanswered, load.unanswered);
+    KV_CHECK_GT(unanswered, 0u);  // a complete load is never left live
+    KV_CHECK_EQ(any_error, load.failed);
+  }
+}
+
+}  // namespace kvrelay

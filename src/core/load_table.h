@@ -1,0 +1,207 @@
+// load_table.h — LoadTable: D's side of every KV hand-off, for one D rank.
+//
+// Theory of operation
+// -------------------
+// A decode request whose prompt was prefilled elsewhere allocates
+// destination blocks, then asks every P rank that holds some of its KV heads
+// to write them there (fan-out: homogeneous TP needs one P rank, P tp=2 →
+// D tp=1 needs two). Each P rank answers once per pull. The danger is in
+// ending early: if D frees its blocks on the first answer — say an error
+// from P rank 0 — P rank 1 may still be writing into them, and the next
+// request that gets those blocks decodes on a stranger's KV. So:
+//
+//   * A load ends only when every producer has answered, or D's give-up
+//     time (abort_timeout + giveup_grace after the pull) has passed for
+//     the ones that did not. P never starts a write after its pull's
+//     deadline (abort_timeout), so the grace covers writes in flight.
+//   * Success needs every answer ok; any failure is sticky.
+//   * Completion is reported exactly once: LoadDone, or LoadReleased when
+//     the request went away meanwhile (never both, never twice).
+//   * Release: a request that ends while its KV is arriving sends an empty
+//     pull to each producer that has not answered (so P ends the send and
+//     answers the original pull at once) and keeps its blocks until the
+//     original pulls are answered. A request that ends before D allocated
+//     anything still tells P (ReleaseUnstarted), so P frees now rather than
+//     at expiry.
+//   * abort_transfers() cuts loads short: releases go out as above, but the
+//     request stays; its load is reported failed with `cut_short` so the
+//     engine recomputes it instead of aborting it.
+//   * An answer that matches no live pull — late, duplicated, from an old
+//     incarnation, or the answer to a release — is counted and dropped.
+//
+// States per load: LOADING → (every producer answered or given up) → gone,
+// with one flag each for `released` and `cut_short`. The transitions are in
+// one place, FinishIfComplete().
+//
+// Pull sequence numbers: even for pulls, odd for releases, so the answer to
+// a release is recognized without any lookup.
+//
+// Ownership and threading: owned by one D rank's connector actor; called
+// from its thread only. Pure: no I/O, no clock; O(1) per input (plus
+// O(log n) timers) in the number of loads in flight.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "base/transfer_id.h"
+#include "core/block_id.h"
+#include "core/request_id.h"
+#include "core/timer_heap.h"
+#include "core/transfer_result.h"
+
+namespace kvrelay {
+
+struct LoadTableOptions {
+  Duration abort_timeout = Duration::Seconds(480);
+  Duration giveup_grace = Duration::Seconds(60);
+  uint32_t max_loads = 1u << 20;
+  uint32_t max_producers = 64;
+};
+
+// --- Actions ----------------------------------------------------------------
+
+// Send a pull to P rank `peer`: write `transfer` into `dst`. Empty `dst` is
+// a release.
+struct SendPull {
+  PeerId peer;
+  uint64_t pull_seq = 0;
+  TransferId transfer;
+  std::vector<BlockId> dst;
+};
+
+// The load of `request` ended; every producer answered or was given up.
+// ok: every answer was ok, the KV is in the blocks. !ok: the blocks hold
+// garbage; the engine recomputes or fails the request by policy.
+struct LoadDone {
+  RequestId request;
+  TransferId transfer;
+  bool ok = false;
+  bool cut_short = false;        // ended by AbortAll: recompute, not abort
+  TransferResult first_error = TransferResult::kOk;
+};
+
+// A released load's producers have all answered: its blocks may be freed.
+// Not a completion: the request is already gone.
+struct LoadReleased {
+  RequestId request;
+  TransferId transfer;
+};
+
+using LoadAction = std::variant<SendPull, LoadDone, LoadReleased>;
+
+struct LoadTableStats {
+  uint64_t loads_started = 0;
+  uint64_t loads_ok = 0;
+  uint64_t loads_failed = 0;
+  uint64_t loads_released = 0;
+  uint64_t loads_cut_short = 0;
+  uint64_t releases_sent = 0;
+  uint64_t releases_unstarted = 0;
+  uint64_t answers = 0;
+  uint64_t release_answers = 0;
+  uint64_t late_answers = 0;       // no live load for that transfer
+  uint64_t mismatched_answers = 0; // live load, but not that (peer, seq)
+  uint64_t duplicate_answers = 0;  // that producer had answered already
+  uint64_t producers_given_up = 0;
+  uint64_t producers_lost = 0;     // failed by PeerGone
+};
+
+class LoadTable {
+ public:
+  explicit LoadTable(const LoadTableOptions& options);
+  LoadTable(const LoadTable&) = delete;
+  LoadTable& operator=(const LoadTable&) = delete;
+
+  // Starts a load: one pull per producer, all into `dst`.
+  // Errors: kAlreadyExists if `request` or `transfer` has a live load;
+  // kInvalidArgument if producers or dst is empty or producers repeat or
+  // exceed max_producers; kResourceExhausted over max_loads.
+  Status Start(RequestId request, TransferId transfer,
+               std::span<const PeerId> producers, std::vector<BlockId> dst,
+               Instant now);
+
+  // The request finished (abort, disconnect) while its load may be in
+  // flight. Returns true if a load was live: its blocks stay held until
+  // LoadReleased. False: no load (never started, or already reported) —
+  // the caller owns the blocks.
+  bool Release(RequestId request, Instant now);
+
+  // The request ends before D allocated blocks: tell its producers.
+  void ReleaseUnstarted(TransferId transfer, std::span<const PeerId> producers);
+
+  // abort_transfers(): cut every live load short (see header comment).
+  void AbortAll(Instant now);
+
+  // An answer from P rank `peer`.
+  void OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
+                TransferResult result, Instant now);
+
+  // `peer` (that incarnation) is known dead: it will neither answer nor
+  // write again. Its unanswered pulls fail now instead of at give-up.
+  // REQUIRES: the caller knows the process is gone (it exited, or a newer
+  // incarnation handshook) — a mere disconnect is not enough, since a live
+  // P may still be writing.
+  void PeerGone(PeerId peer, Instant now);
+
+  void OnTimer(Instant now);
+  std::optional<Instant> NextDeadline() const;
+  std::optional<LoadAction> PollAction();
+
+  bool IsLoading(RequestId request) const {
+    return by_request_.count(request) != 0;
+  }
+  size_t live_loads() const { return by_transfer_.size(); }
+  const LoadTableStats& stats() const { return stats_; }
+  void CheckInvariants() const;
+
+  static bool IsReleaseSeq(uint64_t pull_seq) { return (pull_seq & 1) != 0; }
+
+ private:
+  static constexpr uint32_t kNil = UINT32_MAX;
+  struct Producer {
+    PeerId peer;
+    uint64_t pull_seq = 0;
+    bool answered = false;
+    TransferResult result = TransferResult::kOk;
+  };
+  struct Load {
+    bool used = false;
+    RequestId request;
+    TransferId transfer;
+    std::vector<Producer> producers;
+    uint32_t unanswered = 0;
+    bool failed = false;
+    TransferResult first_error = TransferResult::kOk;
+    bool released = false;
+    bool cut_short = false;
+    Instant giveup;
+    uint32_t next_free = kNil;
+  };
+
+  void Record(uint32_t slot, Producer& p, TransferResult result);
+  void SendReleases(uint32_t slot);
+  void FinishIfComplete(uint32_t slot);
+  uint64_t NextSeq(bool release) {
+    return (next_seq_++ << 1) | (release ? 1 : 0);
+  }
+
+  const LoadTableOptions options_;
+  std::vector<Load> loads_;
+  uint32_t free_loads_ = kNil;
+  std::unordered_map<TransferId, uint32_t> by_transfer_;
+  std::unordered_map<RequestId, uint32_t> by_request_;
+  TimerHeap giveup_;  // key: load slot
+  uint64_t next_seq_ = 1;
+  std::deque<LoadAction> actions_;
+  LoadTableStats stats_;
+};
+
+}  // namespace kvrelay

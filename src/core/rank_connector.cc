@@ -1,0 +1,176 @@
+#include "core/rank_connector.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "base/check.h"
+#include "core/tp_mapping.h"
+
+namespace kvrelay {
+
+RankConnector::RankConnector(const RankConnectorOptions& options)
+    : options_(options) {
+  KV_CHECK_LT(options_.rank, options_.tp);
+  if (producer()) send_ = std::make_unique<SendTable>(options_.send);
+  if (consumer()) load_ = std::make_unique<LoadTable>(options_.load);
+}
+
+void RankConnector::SetPeer(uint32_t engine, uint32_t rank, PeerId peer) {
+  peers_[{engine, rank}] = peer;
+}
+
+void RankConnector::PeerGone(PeerId peer, Instant now) {
+  if (load_) load_->PeerGone(peer, now);
+  Pump();
+}
+
+std::vector<PeerId> RankConnector::ProducersFor(uint32_t engine, uint32_t p_tp,
+                                                bool* all_known) const {
+  std::vector<PeerId> out;
+  *all_known = true;
+  for (uint32_t r : ProducerRanksFor(options_.rank, options_.tp, p_tp)) {
+    auto it = peers_.find({engine, r});
+    if (it == peers_.end()) {
+      *all_known = false;
+      continue;
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
+  if (producer()) {
+    for (const ClaimOp& op : meta.claims) {
+      const uint32_t need = ConsumersPerProducer(options_.tp, op.consumer_tp);
+      if (!send_->Claim(op.transfer, need, now).ok()) ++stats_.claim_refused;
+    }
+    for (const ReadyOp& op : meta.readies) {
+      if (!send_->Ready(op.transfer, op.blocks, now).ok()) {
+        // The send ended first (D released it, a deadline passed): nothing
+        // holds the blocks on this rank.
+        ++stats_.ready_refused;
+        report_.finished_sending.push_back(op.transfer);
+      }
+    }
+    for (const AbortSendOp& op : meta.aborts) send_->Abort(op.transfer, now);
+  }
+  if (consumer()) {
+    for (const LoadOp& op : meta.loads) {
+      bool all_known = false;
+      std::vector<PeerId> peers =
+          ProducersFor(op.producer_engine, op.producer_tp, &all_known);
+      Status s = all_known ? load_->Start(op.request, op.transfer, peers,
+                                          op.dst, now)
+                           : UnavailableError("producer rank unknown");
+      if (!s.ok()) {
+        // Nothing was sent for this load, so no write can land: it fails
+        // now, and any producers we do know are told to drop it.
+        ++stats_.unknown_producer;
+        load_->ReleaseUnstarted(op.transfer, peers);
+        report_.finished_recving.push_back(LoadDone{
+            op.request, op.transfer, false, false, TransferResult::kUnreachable});
+      }
+    }
+    for (const ReleaseLoadOp& op : meta.releases) {
+      // No live load on this rank: the blocks are free to go now.
+      if (!load_->Release(op.request, now)) report_.released.push_back(op.request);
+    }
+    for (const ReleaseUnstartedOp& op : meta.unstarted_releases) {
+      bool all_known = false;
+      load_->ReleaseUnstarted(
+          op.transfer, ProducersFor(op.producer_engine, op.producer_tp, &all_known));
+    }
+  }
+  if (meta.abort_all) {
+    if (send_) send_->AbortAll(now);
+    if (load_) load_->AbortAll(now);
+  }
+  Pump();
+}
+
+void RankConnector::OnMessage(PeerId from, const PeerMessage& msg, Instant now) {
+  if (const auto* pull = std::get_if<PullMsg>(&msg)) {
+    if (!send_) {
+      ++stats_.messages_wrong_role;
+      return;
+    }
+    send_->Pull(from, pull->pull_seq, pull->items, now);
+  } else {
+    const auto& answer = std::get<AnswerMsg>(msg);
+    if (!load_) {
+      ++stats_.messages_wrong_role;
+      return;
+    }
+    load_->OnAnswer(from, answer.pull_seq, answer.transfer, answer.result, now);
+  }
+  Pump();
+}
+
+void RankConnector::OnWriteDone(WriteId write, bool ok, Instant now) {
+  KV_CHECK(send_ != nullptr);
+  send_->WriteDone(write, ok, now);
+  Pump();
+}
+
+void RankConnector::OnTimer(Instant now) {
+  if (send_) send_->OnTimer(now);
+  if (load_) load_->OnTimer(now);
+  Pump();
+}
+
+std::optional<Instant> RankConnector::NextDeadline() const {
+  std::optional<Instant> a = send_ ? send_->NextDeadline() : std::nullopt;
+  std::optional<Instant> b = load_ ? load_->NextDeadline() : std::nullopt;
+  if (a && b) return std::min(*a, *b);
+  return a ? a : b;
+}
+
+void RankConnector::Pump() {
+  if (send_) {
+    while (auto a = send_->PollAction()) {
+      if (auto* answer = std::get_if<AnswerPull>(&*a)) {
+        actions_.push_back(OutMessage{
+            answer->peer, AnswerMsg{answer->pull_seq, answer->transfer, answer->result}});
+      } else if (auto* write = std::get_if<StartWrite>(&*a)) {
+        actions_.push_back(std::move(*write));
+      } else {
+        report_.finished_sending.push_back(std::get<SendFinished>(*a).transfer);
+      }
+    }
+  }
+  if (load_) {
+    while (auto a = load_->PollAction()) {
+      if (auto* pull = std::get_if<SendPull>(&*a)) {
+        PullMsg msg;
+        msg.pull_seq = pull->pull_seq;
+        msg.items.push_back(PullItem{pull->transfer, std::move(pull->dst)});
+        actions_.push_back(OutMessage{pull->peer, std::move(msg)});
+      } else if (auto* done = std::get_if<LoadDone>(&*a)) {
+        report_.finished_recving.push_back(*done);
+      } else {
+        report_.released.push_back(std::get<LoadReleased>(*a).request);
+      }
+    }
+  }
+}
+
+std::optional<RankAction> RankConnector::PollAction() {
+  if (actions_.empty()) return std::nullopt;
+  RankAction a = std::move(actions_.front());
+  actions_.pop_front();
+  return a;
+}
+
+RankReport RankConnector::GetFinished() {
+  RankReport out;
+  std::swap(out, report_);
+  return out;
+}
+
+void RankConnector::CheckInvariants() const {
+  if (send_) send_->CheckInvariants();
+  if (load_) load_->CheckInvariants();
+}
+
+}  // namespace kvrelay

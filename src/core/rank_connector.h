@@ -1,0 +1,98 @@
+// rank_connector.h — RankConnector: the connector of one engine rank.
+//
+// Why: the send table (P) and load table (D) decide the transfer
+// lifecycle; this class is the seam between them and the outside: it
+// applies the scheduler's per-step metadata, turns peer messages into table
+// inputs, resolves producer ranks to peers, and turns table actions into
+// messages, writes and per-step reports. It mirrors the worker half of
+// vLLM's KVConnectorBase_V1 (start_load_kv / get_finished /
+// get_block_ids_with_load_errors).
+//
+// Reports: every transfer whose Ready this rank received is reported in
+// finished_sending exactly once (at once if the send had already ended,
+// else when its SendFinished comes); every LoadOp ends in exactly one
+// finished_recving entry unless released; every ReleaseLoadOp ends in
+// exactly one `released` entry.
+//
+// Ownership and threading: one per rank, owned by that rank's connector
+// actor and called from its thread only. Pure.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_set>
+#include <utility>
+#include <variant>
+
+#include "core/connector_metadata.h"
+#include "core/load_table.h"
+#include "core/messages.h"
+#include "core/send_table.h"
+
+namespace kvrelay {
+
+enum class ConnectorRole : uint8_t { kProducer, kConsumer, kBoth };
+
+struct RankConnectorOptions {
+  ConnectorRole role = ConnectorRole::kBoth;
+  uint32_t rank = 0;
+  uint32_t tp = 1;
+  SendTableOptions send;
+  LoadTableOptions load;
+};
+
+using RankAction = std::variant<OutMessage, StartWrite>;
+
+struct RankConnectorStats {
+  uint64_t unknown_producer = 0;    // LoadOp named a rank with no peer
+  uint64_t ready_refused = 0;       // send had ended before the prefill did
+  uint64_t claim_refused = 0;
+  uint64_t messages_wrong_role = 0;
+};
+
+class RankConnector {
+ public:
+  explicit RankConnector(const RankConnectorOptions& options);
+
+  // The peer of rank `rank` of engine `engine` is `peer` (set on handshake;
+  // a restart replaces it with the new incarnation).
+  void SetPeer(uint32_t engine, uint32_t rank, PeerId peer);
+  // `peer` (that incarnation) is gone for good; see LoadTable::PeerGone.
+  void PeerGone(PeerId peer, Instant now);
+
+  void ApplyMetadata(const ConnectorMetadata& meta, Instant now);
+  void OnMessage(PeerId from, const PeerMessage& msg, Instant now);
+  void OnWriteDone(WriteId write, bool ok, Instant now);
+  void OnTimer(Instant now);
+  std::optional<Instant> NextDeadline() const;
+
+  std::optional<RankAction> PollAction();
+  // get_finished(): what ended since the last call.
+  RankReport GetFinished();
+
+  const SendTable* send_table() const { return send_.get(); }
+  const LoadTable* load_table() const { return load_.get(); }
+  const RankConnectorStats& stats() const { return stats_; }
+  uint32_t rank() const { return options_.rank; }
+  void CheckInvariants() const;
+
+ private:
+  bool producer() const { return options_.role != ConnectorRole::kConsumer; }
+  bool consumer() const { return options_.role != ConnectorRole::kProducer; }
+  std::vector<PeerId> ProducersFor(uint32_t engine, uint32_t p_tp,
+                                   bool* all_known) const;
+  void Pump();  // moves table actions into actions_ / report_
+
+  const RankConnectorOptions options_;
+  std::unique_ptr<SendTable> send_;
+  std::unique_ptr<LoadTable> load_;
+  std::map<std::pair<uint32_t, uint32_t>, PeerId> peers_;
+  std::deque<RankAction> actions_;
+  RankReport report_;
+  RankConnectorStats stats_;
+};
+
+}  // namespace kvrelay
