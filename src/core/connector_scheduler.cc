@@ -1,0 +1,179 @@
+#include "core/connector_scheduler.h"
+
+#include "base/check.h"
+
+namespace kvrelay {
+
+ConnectorScheduler::ConnectorScheduler(const ConnectorSchedulerOptions& options)
+    : options_(options) {
+  KV_CHECK_GT(options_.tp, 0u);
+}
+
+Status ConnectorScheduler::AdmitRequest(RequestId request,
+                                        const KvTransferParams& params) {
+  KV_CHECK(requests_.count(request) == 0);
+  if (params.do_remote_decode && params.do_remote_prefill) {
+    return InvalidArgumentError("a request cannot both prefill and decode remotely");
+  }
+  const bool p = options_.role != ConnectorRole::kConsumer;
+  const bool d = options_.role != ConnectorRole::kProducer;
+  if (params.do_remote_decode) {
+    if (!p) return InvalidArgumentError("do_remote_decode on a decode-only engine");
+    if (params.transfer.IsZero()) return InvalidArgumentError("missing transfer_id");
+    if (sending_.count(params.transfer) != 0) {
+      ++stats_.duplicate_transfer_rejected;
+      return AlreadyExistsError("transfer_id " + params.transfer.ToString() +
+                                " is held by a live request");
+    }
+    requests_.emplace(request, Entry{Phase::kClaimed, params});
+    sending_.emplace(params.transfer, request);
+    pending_.claims.push_back(ClaimOp{params.transfer, params.remote_tp});
+    return Status::Ok();
+  }
+  if (params.do_remote_prefill) {
+    if (!d) return InvalidArgumentError("do_remote_prefill on a prefill-only engine");
+    if (params.transfer.IsZero()) return InvalidArgumentError("missing transfer_id");
+    requests_.emplace(request, Entry{Phase::kAwaitingAlloc, params});
+    return Status::Ok();
+  }
+  return Status::Ok();  // a plain request: nothing to track
+}
+
+bool ConnectorScheduler::RemotePrefill(RequestId request) const {
+  auto it = requests_.find(request);
+  return it != requests_.end() && it->second.phase == Phase::kAwaitingAlloc;
+}
+
+void ConnectorScheduler::OnBlocksAllocated(RequestId request,
+                                           std::vector<BlockId> blocks) {
+  auto it = requests_.find(request);
+  KV_CHECK(it != requests_.end());
+  KV_CHECK(it->second.phase == Phase::kAwaitingAlloc);
+  Entry& e = it->second;
+  e.phase = Phase::kLoading;
+  e.reports = 0;
+  pending_.loads.push_back(LoadOp{request, e.params.transfer, e.params.remote_engine,
+                                  e.params.remote_tp, std::move(blocks)});
+}
+
+bool ConnectorScheduler::RequestFinished(RequestId request,
+                                         std::span<const BlockId> blocks,
+                                         bool aborted) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return false;
+  Entry& e = it->second;
+  switch (e.phase) {
+    case Phase::kClaimed:
+      if (aborted || blocks.empty()) {
+        pending_.aborts.push_back(AbortSendOp{e.params.transfer});
+        sending_.erase(e.params.transfer);
+        requests_.erase(it);
+        return false;
+      }
+      e.phase = Phase::kHeld;
+      e.reports = 0;
+      pending_.readies.push_back(
+          ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end())});
+      return true;
+    case Phase::kAwaitingAlloc:
+      pending_.unstarted_releases.push_back(ReleaseUnstartedOp{
+          e.params.transfer, e.params.remote_engine, e.params.remote_tp});
+      requests_.erase(it);
+      return false;
+    case Phase::kLoading:
+      e.phase = Phase::kReleasing;
+      e.reports = 0;
+      pending_.releases.push_back(ReleaseLoadOp{request});
+      return true;
+    case Phase::kHeld:
+    case Phase::kReleasing:
+      KV_CHECK_MSG(false, "RequestFinished twice for one request");
+  }
+  return false;
+}
+
+void ConnectorScheduler::AbortHeld(RequestId request) {
+  auto it = requests_.find(request);
+  if (it == requests_.end() || it->second.phase != Phase::kHeld) return;
+  pending_.aborts.push_back(AbortSendOp{it->second.params.transfer});
+}
+
+ConnectorMetadata ConnectorScheduler::BuildMetadata() {
+  ConnectorMetadata out;
+  std::swap(out, pending_);
+  return out;
+}
+
+EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
+                                                const RankReport& report) {
+  KV_CHECK_LT(rank, options_.tp);
+  EngineFinished out;
+  for (const TransferId& t : report.finished_sending) {
+    auto s = sending_.find(t);
+    KV_CHECK(s != sending_.end());
+    const RequestId request = s->second;
+    Entry& e = requests_.at(request);
+    KV_CHECK(e.phase == Phase::kHeld);
+    if (++e.reports == options_.tp) {
+      out.sending_done.push_back(request);
+      sending_.erase(s);
+      requests_.erase(request);
+    }
+  }
+  for (const LoadDone& done : report.finished_recving) {
+    auto it = requests_.find(done.request);
+    if (it == requests_.end() || it->second.phase == Phase::kReleasing) {
+      // Released meanwhile: the `released` reports decide for it.
+      ++stats_.stale_reports;
+      continue;
+    }
+    Entry& e = it->second;
+    KV_CHECK(e.phase == Phase::kLoading);
+    e.load_ok = e.load_ok && done.ok;
+    e.cut_short = e.cut_short || done.cut_short;
+    if (++e.reports == options_.tp) {
+      out.recving_done.push_back(LoadOutcome{done.request, e.load_ok, e.cut_short});
+      requests_.erase(it);
+    }
+  }
+  for (const RequestId& request : report.released) {
+    auto it = requests_.find(request);
+    KV_CHECK(it != requests_.end());
+    Entry& e = it->second;
+    KV_CHECK(e.phase == Phase::kReleasing);
+    if (++e.reports == options_.tp) {
+      out.released.push_back(request);
+      requests_.erase(it);
+    }
+  }
+  return out;
+}
+
+size_t ConnectorScheduler::held_sends() const {
+  size_t n = 0;
+  for (const auto& [r, e] : requests_) n += e.phase == Phase::kHeld;
+  return n;
+}
+
+size_t ConnectorScheduler::live_loads() const {
+  size_t n = 0;
+  for (const auto& [r, e] : requests_) {
+    n += e.phase == Phase::kLoading || e.phase == Phase::kReleasing;
+  }
+  return n;
+}
+
+void ConnectorScheduler::CheckInvariants() const {
+  size_t p = 0;
+  for (const auto& [r, e] : requests_) {
+    KV_CHECK_LE(e.reports, options_.tp);
+    if (e.phase == Phase::kClaimed || e.phase == Phase::kHeld) {
+      ++p;
+      auto s = sending_.find(e.params.transfer);
+      KV_CHECK(s != sending_.end() && s->second == r);
+    }
+  }
+  KV_CHECK_EQ(p, sending_.size());
+}
+
+}  // namespace kvrelay

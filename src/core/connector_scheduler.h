@@ -1,0 +1,139 @@
+// connector_scheduler.h — ConnectorScheduler: the scheduler half of the
+// connector, one per engine.
+//
+// Why: an engine's scheduler must not care how KV moves; it asks a few
+// questions at fixed points of a request's life (admission, block
+// allocation, finish) and learns, once per step, which requests' transfers
+// ended. This class answers those questions with the shape of vLLM's
+// KVConnectorBase_V1 scheduler side, so a real engine could adopt it:
+//
+//   vLLM hook                          here
+//   get_num_new_matched_tokens         RemotePrefill(request)
+//   update_state_after_alloc           OnBlocksAllocated(request, blocks)
+//   build_connector_meta               BuildMetadata()
+//   request_finished -> delay_free     RequestFinished(request, blocks, aborted)
+//   update_connector_output            OnRankReport(rank, report)
+//   abort_transfers (new)              AbortTransfers()
+//
+// It aggregates the ranks' reports so that the engine sees each request id
+// exactly once per kind, and only after every rank reported it: blocks are
+// shared by all ranks' pools, so they can be freed only when the last rank
+// is done with them.
+//
+// Per request (role P):  CLAIMED --finished--> HELD --all ranks sent--> gone
+//                        CLAIMED --aborted--> gone (nothing was handed over)
+// Per request (role D):  AWAITING_ALLOC --alloc--> LOADING --all ranks--> gone
+//                        LOADING --finished--> RELEASING --all ranks--> gone
+//                        AWAITING_ALLOC --finished--> gone (release sent)
+//
+// Ownership and threading: owned by the engine actor; called from its
+// thread only. Pure.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "base/transfer_id.h"
+#include "core/connector_metadata.h"
+#include "core/rank_connector.h"
+#include "core/request_id.h"
+
+namespace kvrelay {
+
+// What the router attaches to a request (vLLM's kv_transfer_params).
+struct KvTransferParams {
+  TransferId transfer;
+  bool do_remote_decode = false;   // P: hold the KV for a remote decoder
+  bool do_remote_prefill = false;  // D: load the KV from a remote prefiller
+  uint32_t remote_engine = 0;      // D: the producer engine
+  uint32_t remote_tp = 1;          // D: producer tp; P: consumer tp
+};
+
+struct ConnectorSchedulerOptions {
+  ConnectorRole role = ConnectorRole::kBoth;
+  uint32_t tp = 1;
+  uint32_t engine_id = 0;
+};
+
+// A load outcome the engine acts on.
+struct LoadOutcome {
+  RequestId request;
+  bool ok = false;
+  bool cut_short = false;
+};
+
+// What became final across all ranks since the last call.
+struct EngineFinished {
+  std::vector<RequestId> sending_done;   // P: free the held blocks
+  std::vector<LoadOutcome> recving_done; // D: load ended (ok or failed)
+  std::vector<RequestId> released;       // D: free the released blocks
+};
+
+struct ConnectorSchedulerStats {
+  uint64_t duplicate_transfer_rejected = 0;
+  uint64_t stale_reports = 0;   // a load report for a request released since
+};
+
+class ConnectorScheduler {
+ public:
+  explicit ConnectorScheduler(const ConnectorSchedulerOptions& options);
+
+  // Admission. P with do_remote_decode: claims the transfer (kAlreadyExists
+  // if a live request holds the same transfer_id — the first one is left
+  // alone). D with do_remote_prefill: remembers where to load from.
+  // kInvalidArgument for params the role cannot serve.
+  Status AdmitRequest(RequestId request, const KvTransferParams& params);
+
+  // D: does this request load its prompt's KV remotely (and still wait)?
+  bool RemotePrefill(RequestId request) const;
+
+  // D: blocks for the remote KV are allocated; the load starts next step.
+  void OnBlocksAllocated(RequestId request, std::vector<BlockId> blocks);
+
+  // The request finished (aborted or not) with `blocks`. Returns true when
+  // the engine must keep the blocks until OnRankReport surfaces the request
+  // (sending_done or released); false when it may free them now.
+  bool RequestFinished(RequestId request, std::span<const BlockId> blocks,
+                       bool aborted);
+
+  // P: an already-finished request whose KV is held is aborted
+  // (abort_requests on it): end its send now.
+  void AbortHeld(RequestId request);
+
+  // abort_transfers(): every rank ends every transfer this engine holds.
+  void AbortTransfers() { pending_.abort_all = true; }
+
+  ConnectorMetadata BuildMetadata();
+  EngineFinished OnRankReport(uint32_t rank, const RankReport& report);
+
+  size_t held_sends() const;
+  size_t live_loads() const;
+  bool Idle() const { return requests_.empty(); }
+  const ConnectorSchedulerStats& stats() const { return stats_; }
+  void CheckInvariants() const;
+
+ private:
+  enum class Phase : uint8_t {
+    kClaimed, kHeld,                        // P
+    kAwaitingAlloc, kLoading, kReleasing,   // D
+  };
+  struct Entry {
+    Phase phase;
+    KvTransferParams params;
+    uint32_t reports = 0;   // ranks that reported the awaited event
+    bool load_ok = true;
+    bool cut_short = false;
+  };
+
+  const ConnectorSchedulerOptions options_;
+  std::unordered_map<RequestId, Entry> requests_;
+  std::unordered_map<TransferId, RequestId> sending_;  // P: transfer → req
+  ConnectorMetadata pending_;
+  ConnectorSchedulerStats stats_;
+};
+
+}  // namespace kvrelay
