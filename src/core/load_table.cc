@@ -206,10 +206,16 @@ void LoadTable::FinishIfComplete(uint32_t slot) {
     ++stats_.loads_released;
     actions_.push_back(LoadReleased{load.request, load.transfer});
   } else {
-    ++(load.failed ? stats_.loads_failed : stats_.loads_ok);
+    // A cut-short load is failed even if every byte landed: the cache reset
+    // that cut it short is about to wipe those blocks, so the request must
+    // recompute (0 computed tokens), never decode on them.
+    const bool ok = !load.failed && !load.cut_short;
+    const TransferResult first_error =
+        load.failed ? load.first_error
+                    : (load.cut_short ? TransferResult::kAborted : TransferResult::kOk);
+    ++(ok ? stats_.loads_ok : stats_.loads_failed);
     if (load.cut_short) ++stats_.loads_cut_short;
-    actions_.push_back(LoadDone{load.request, load.transfer, !load.failed,
-                                load.cut_short, load.first_error});
+    actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short, first_error});
   }
   giveup_.Cancel(slot);
   by_transfer_.erase(load.transfer);

@@ -38,7 +38,8 @@
 //
 // Ownership and threading: owned by one D rank's connector actor; called
 // from its thread only. Pure: no I/O, no clock; O(1) per input (plus
-// O(log n) timers) in the number of loads in flight.
+// O(log n) timers) in the number of loads in flight, except AbortAll and
+// PeerGone, which visit every live load by nature (rare, engine-wide).
 #pragma once
 
 #include <cstdint>

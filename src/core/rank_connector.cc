@@ -15,8 +15,25 @@ RankConnector::RankConnector(const RankConnectorOptions& options)
   if (consumer()) load_ = std::make_unique<LoadTable>(options_.load);
 }
 
-void RankConnector::SetPeer(uint32_t engine, uint32_t rank, PeerId peer) {
-  peers_[{engine, rank}] = peer;
+void RankConnector::SetPeer(uint32_t engine, uint32_t rank, PeerId peer,
+                            Instant now) {
+  AcceptIncarnation(peer);
+  auto [it, inserted] = peers_.try_emplace({engine, rank}, peer);
+  if (inserted || it->second == peer) return;
+  const PeerId old = it->second;
+  it->second = peer;
+  if (old.generation < peer.generation) PeerGone(old, now);
+}
+
+bool RankConnector::AcceptIncarnation(PeerId from) {
+  auto [it, inserted] = newest_incarnation_.try_emplace(from.index, from.generation);
+  if (inserted) return true;
+  if (from.generation < it->second) {
+    ++stats_.stale_incarnation;
+    return false;
+  }
+  it->second = from.generation;
+  return true;
 }
 
 void RankConnector::PeerGone(PeerId peer, Instant now) {
@@ -90,6 +107,7 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
 }
 
 void RankConnector::OnMessage(PeerId from, const PeerMessage& msg, Instant now) {
+  if (!AcceptIncarnation(from)) return;
   if (const auto* pull = std::get_if<PullMsg>(&msg)) {
     if (!send_) {
       ++stats_.messages_wrong_role;

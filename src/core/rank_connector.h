@@ -23,7 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 
@@ -51,17 +51,22 @@ struct RankConnectorStats {
   uint64_t ready_refused = 0;       // send had ended before the prefill did
   uint64_t claim_refused = 0;
   uint64_t messages_wrong_role = 0;
+  uint64_t stale_incarnation = 0;
 };
 
 class RankConnector {
  public:
   explicit RankConnector(const RankConnectorOptions& options);
 
-  // The peer of rank `rank` of engine `engine` is `peer` (set on handshake;
-  // a restart replaces it with the new incarnation).
-  void SetPeer(uint32_t engine, uint32_t rank, PeerId peer);
+  // The peer of rank `rank` of engine `engine` is `peer` (set on handshake).
+  // A newer incarnation replacing an older one proves the older process
+  // gone: its unanswered pulls fail at once (PeerGone).
+  void SetPeer(uint32_t engine, uint32_t rank, PeerId peer, Instant now);
   // `peer` (that incarnation) is gone for good; see LoadTable::PeerGone.
   void PeerGone(PeerId peer, Instant now);
+
+  // A message from an incarnation older than one already seen from the
+  // same peer index is from a dead process: it is dropped and counted.
 
   void ApplyMetadata(const ConnectorMetadata& meta, Instant now);
   void OnMessage(PeerId from, const PeerMessage& msg, Instant now);
@@ -72,6 +77,7 @@ class RankConnector {
   std::optional<RankAction> PollAction();
   // get_finished(): what ended since the last call.
   RankReport GetFinished();
+  bool HasReport() const { return !report_.empty(); }
 
   const SendTable* send_table() const { return send_.get(); }
   const LoadTable* load_table() const { return load_.get(); }
@@ -89,7 +95,12 @@ class RankConnector {
   const RankConnectorOptions options_;
   std::unique_ptr<SendTable> send_;
   std::unique_ptr<LoadTable> load_;
+  // Returns false (and counts) if `from` is older than its peer index's
+  // newest incarnation seen; records newer ones.
+  bool AcceptIncarnation(PeerId from);
+
   std::map<std::pair<uint32_t, uint32_t>, PeerId> peers_;
+  std::unordered_map<uint32_t, uint32_t> newest_incarnation_;
   std::deque<RankAction> actions_;
   RankReport report_;
   RankConnectorStats stats_;
