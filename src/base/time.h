@@ -56,6 +56,8 @@ class Instant {
   }
 
   constexpr int64_t ns() const { return ns_; }
+  // Seconds since the driver's epoch, for logs and reports.
+  constexpr double seconds() const { return static_cast<double>(ns_) / 1e9; }
   constexpr Instant operator+(Duration d) const { return Instant(ns_ + d.ns()); }
   constexpr Instant operator-(Duration d) const { return Instant(ns_ - d.ns()); }
   constexpr Duration operator-(Instant o) const {

@@ -1,8 +1,395 @@
+// `kvrelay sim`: runs the deterministic simulator over many seeds.
+//
+// Seeds run in worker processes (--jobs), so that a KV_CHECK failure — a
+// bug the core caught in itself — is recorded as that seed's failure and the
+// run goes on. Each worker reports one line per seed on a pipe; a worker
+// that dies is replaced, and the seed it was running is reported failed.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "sim/coverage.h"
+#include "sim/simulator.h"
 
 namespace kvrelay::cli {
+namespace {
 
-// The simulator arrives with its own issue; until then `sim` is not offered.
-void RegisterSim(CLI::App&) {}
+using sim::Mark;
+
+struct SimCliOptions {
+  std::string seeds = "1..1000";
+  int64_t seed = -1;
+  bool trace = false;
+  double budget_s = 0;
+  int jobs = 0;
+  std::string regressions;
+  bool require_marks = false;
+  int determinism = 0;
+  bool verbose = false;
+};
+
+// Marks that a CI-sized run must hit; each names a rare path the
+// simulator exists to reach.
+constexpr Mark kRequiredMarks[] = {
+    Mark::kPullBeforeClaim,     Mark::kAnsweredFromTombstone,
+    Mark::kWriteDoneAfterEnd,   Mark::kReleaseWhileLoading,
+    Mark::kReleaseBeforeAlloc,  Mark::kReadyRefused,
+    Mark::kSendExpired,         Mark::kDeadlineTimer,
+    Mark::kWriteFailed,         Mark::kProducerGivenUp,
+    Mark::kLateAnswerDropped,   Mark::kLoadCutShort,
+    Mark::kLoadFailedRecompute, Mark::kLoadFailedError,
+    Mark::kMultiProducer,       Mark::kMultiConsumer,
+    Mark::kConnectionDropped,   Mark::kPartition,
+    Mark::kCrash,               Mark::kStaleIncarnation,
+    Mark::kDuplicateTransferRejected, Mark::kPoolPressure,
+};
+
+bool ParseRange(const std::string& s, uint64_t* a, uint64_t* b) {
+  auto dots = s.find("..");
+  char* end = nullptr;
+  if (dots == std::string::npos) {
+    *a = *b = std::strtoull(s.c_str(), &end, 10);
+    return end != nullptr && *end == '\0' && !s.empty();
+  }
+  std::string lo = s.substr(0, dots), hi = s.substr(dots + 2);
+  if (lo.empty() || hi.empty()) return false;
+  *a = std::strtoull(lo.c_str(), &end, 10);
+  if (*end != '\0') return false;
+  *b = std::strtoull(hi.c_str(), &end, 10);
+  return *end == '\0' && *a <= *b;
+}
+
+std::string ReplayCommand(uint64_t seed) {
+  return "build/kvrelay sim --seed " + std::to_string(seed) + " --trace";
+}
+
+int RunOne(uint64_t seed, bool trace) {
+  sim::SimParams params = sim::DrawParams(seed);
+  std::printf("seed %" PRIu64 ": %s\n", seed, params.ToString().c_str());
+  std::fflush(stdout);
+  sim::SimOptions o;
+  o.trace = trace;
+  sim::Simulator s(params, o);
+  sim::SimResult r = s.Run();
+  std::printf("events %" PRIu64 "  sim time %.3fs  requests ok %u error %u aborted %u  "
+              "trace hash %016" PRIx64 "\n",
+              r.events, r.end_time.seconds(), r.requests_ok, r.requests_error,
+              r.requests_aborted, r.trace_hash);
+  if (r.ok) {
+    std::printf("1 passed, 0 failed\n");
+    return 0;
+  }
+  std::printf("FAIL seed %" PRIu64 ": %s\n0 passed, 1 failed\n", seed, r.failure.c_str());
+  return 1;
+}
+
+// --- worker side -----------------------------------------------------------
+
+[[noreturn]] void WorkerMain(int fd, const std::vector<uint64_t>& seeds, size_t start,
+                             size_t stride, double deadline_s) {
+  FILE* out = fdopen(fd, "w");
+  auto t0 = std::chrono::steady_clock::now();
+  sim::Coverage total;
+  for (size_t i = start; i < seeds.size(); i += stride) {
+    if (deadline_s > 0) {
+      double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (el > deadline_s) break;
+    }
+    std::fprintf(out, "S %zu\n", i);
+    std::fflush(out);
+    sim::SimResult r = sim::RunSeed(seeds[i], sim::SimOptions{});
+    total.Add(r.coverage);
+    std::string reason = r.failure;
+    for (char& c : reason) if (c == '\n') c = ' ';
+    std::fprintf(out, "R %zu %d %" PRIu64 " %016" PRIx64 " %s\n", i, r.ok ? 1 : 0,
+                 r.events, r.trace_hash, reason.c_str());
+  }
+  std::fprintf(out, "C");
+  for (uint64_t h : total.hits) std::fprintf(out, " %" PRIu64, h);
+  std::fprintf(out, "\n");
+  std::fflush(out);
+  _exit(0);
+}
+
+struct Worker {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string buf;
+  size_t next = 0;       // next seed index this worker would run
+  int64_t running = -1;  // seed index started, not yet reported
+  bool done = false;
+};
+
+struct Totals {
+  uint64_t passed = 0, failed = 0, events = 0;
+  sim::Coverage coverage;
+  std::vector<std::string> failures;
+  std::map<uint64_t, uint64_t> hashes;  // seed → trace hash (for determinism)
+};
+
+void Spawn(Worker& w, const std::vector<uint64_t>& seeds, size_t stride,
+           double deadline_s) {
+  int p[2];
+  if (pipe(p) != 0) {
+    std::perror("pipe");
+    std::exit(2);
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("fork");
+    std::exit(2);
+  }
+  if (pid == 0) {
+    close(p[0]);
+    WorkerMain(p[1], seeds, w.next, stride, deadline_s);
+  }
+  close(p[1]);
+  w.pid = pid;
+  w.fd = p[0];
+  w.buf.clear();
+  w.running = -1;
+  w.done = false;
+}
+
+void HandleLine(const std::string& line, Worker& w, const std::vector<uint64_t>& seeds,
+                size_t stride, Totals& t) {
+  if (line.empty()) return;
+  std::istringstream in(line.substr(1));
+  switch (line[0]) {
+    case 'S': {
+      size_t i;
+      in >> i;
+      w.running = static_cast<int64_t>(i);
+      break;
+    }
+    case 'R': {
+      size_t i;
+      int ok;
+      uint64_t events;
+      std::string hash;
+      in >> i >> ok >> events >> hash;
+      std::string reason;
+      std::getline(in, reason);
+      if (!reason.empty() && reason[0] == ' ') reason.erase(0, 1);
+      t.events += events;
+      t.hashes[seeds[i]] = std::strtoull(hash.c_str(), nullptr, 16);
+      if (ok) {
+        ++t.passed;
+      } else {
+        ++t.failed;
+        t.failures.push_back("FAIL seed " + std::to_string(seeds[i]) + ": " + reason +
+                             "\n  replay: " + ReplayCommand(seeds[i]));
+      }
+      w.running = -1;
+      w.next = i + stride;
+      break;
+    }
+    case 'C': {
+      sim::Coverage c;
+      for (auto& h : c.hits) in >> h;
+      t.coverage.Add(c);
+      w.done = true;
+      break;
+    }
+  }
+}
+
+Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bool verbose) {
+  Totals t;
+  jobs = std::max(1, std::min<int>(jobs, static_cast<int>(seeds.size())));
+  std::vector<Worker> workers(jobs);
+  for (int j = 0; j < jobs; ++j) {
+    workers[j].next = j;
+    Spawn(workers[j], seeds, jobs, budget_s);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto last_progress = t0;
+  int alive = jobs;
+  while (alive > 0) {
+    std::vector<pollfd> fds;
+    for (auto& w : workers) {
+      if (w.fd >= 0) fds.push_back(pollfd{w.fd, POLLIN, 0});
+    }
+    poll(fds.data(), fds.size(), 1000);
+    for (auto& w : workers) {
+      if (w.fd < 0) continue;
+      char buf[65536];
+      ssize_t n = read(w.fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) {
+        w.buf.append(buf, static_cast<size_t>(n));
+        size_t pos;
+        while ((pos = w.buf.find('\n')) != std::string::npos) {
+          HandleLine(w.buf.substr(0, pos), w, seeds, jobs, t);
+          w.buf.erase(0, pos + 1);
+        }
+        continue;
+      }
+      if (n != 0) continue;
+      // EOF: the worker finished or died.
+      close(w.fd);
+      w.fd = -1;
+      int status = 0;
+      waitpid(w.pid, &status, 0);
+      if (!w.done && w.running >= 0) {
+        const uint64_t seed = seeds[static_cast<size_t>(w.running)];
+        ++t.failed;
+        t.failures.push_back("FAIL seed " + std::to_string(seed) + ": crashed (" +
+                             (WIFSIGNALED(status) ? std::string("signal ") +
+                                                        strsignal(WTERMSIG(status))
+                                                  : "exit") +
+                             ") — a KV_CHECK in the core, see stderr above\n  replay: " +
+                             ReplayCommand(seed));
+        w.next = static_cast<size_t>(w.running) + jobs;
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (w.next < seeds.size() && (budget_s <= 0 || el < budget_s)) {
+          Spawn(w, seeds, jobs, budget_s > 0 ? budget_s - el : 0);
+          continue;
+        }
+      }
+      --alive;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last_progress).count() >= 2.0) {
+      last_progress = now;
+      double el = std::chrono::duration<double>(now - t0).count();
+      std::fprintf(stderr, "  sim: %" PRIu64 "/%zu seeds, %" PRIu64 " failed, %.0f seeds/s\n",
+                   t.passed + t.failed, seeds.size(), t.failed,
+                   static_cast<double>(t.passed + t.failed) / el);
+    }
+  }
+  (void)verbose;
+  return t;
+}
+
+std::vector<uint64_t> ReadRegressions(const std::string& path, bool* ok) {
+  std::vector<uint64_t> seeds;
+  std::ifstream in(path);
+  *ok = static_cast<bool>(in);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto hash = line.find('#');
+    if (hash != std::string::npos) line.erase(hash);
+    std::istringstream ls(line);
+    uint64_t s;
+    if (ls >> s) seeds.push_back(s);
+  }
+  return seeds;
+}
+
+int RunCommand(const SimCliOptions& o) {
+  if (o.seed >= 0) return RunOne(static_cast<uint64_t>(o.seed), o.trace);
+  std::vector<uint64_t> seeds;
+  if (!o.regressions.empty()) {
+    bool ok = false;
+    seeds = ReadRegressions(o.regressions, &ok);
+    if (!ok) {
+      std::fprintf(stderr, "kvrelay sim: cannot read %s\n", o.regressions.c_str());
+      return 2;
+    }
+    std::printf("kvrelay sim: replaying %zu regression seeds from %s\n", seeds.size(),
+                o.regressions.c_str());
+  } else {
+    uint64_t a, b;
+    if (!ParseRange(o.seeds, &a, &b)) {
+      std::fprintf(stderr, "kvrelay sim: --seeds wants A..B or N, got '%s'\n", o.seeds.c_str());
+      return 2;
+    }
+    for (uint64_t s = a; s <= b; ++s) seeds.push_back(s);
+    std::printf("kvrelay sim: seeds %" PRIu64 "..%" PRIu64 "%s\n", a, b,
+                o.budget_s > 0 ? (" within " + std::to_string(static_cast<int>(o.budget_s)) +
+                                  " s").c_str()
+                               : "");
+  }
+  std::fflush(stdout);
+  const int jobs = o.jobs > 0 ? o.jobs : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  auto t0 = std::chrono::steady_clock::now();
+  Totals t = RunMany(seeds, jobs, o.budget_s, o.verbose);
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int rc = t.failed > 0 ? 1 : 0;
+  for (const auto& f : t.failures) std::printf("%s\n", f.c_str());
+  const uint64_t ran = t.passed + t.failed;
+  std::printf("ran %" PRIu64 " seeds in %.1f s on %d processes: %.0f schedules/s, %.2f M events/s\n",
+              ran, el, jobs, static_cast<double>(ran) / el,
+              static_cast<double>(t.events) / el / 1e6);
+  std::printf("coverage (hits across seeds):\n");
+  for (size_t m = 0; m < static_cast<size_t>(Mark::kCount); ++m) {
+    std::printf("  %-28s %" PRIu64 "\n", std::string(sim::MarkName(static_cast<Mark>(m))).c_str(),
+                t.coverage.hits[m]);
+  }
+  if (o.require_marks) {
+    for (Mark m : kRequiredMarks) {
+      if (t.coverage.Of(m) == 0) {
+        std::printf("MISSING coverage mark: %s was never hit\n",
+                    std::string(sim::MarkName(m)).c_str());
+        rc = 1;
+      }
+    }
+  }
+  if (o.determinism > 0 && !t.hashes.empty()) {
+    // Re-run a sample of seeds in this process and compare trace hashes.
+    int checked = 0, mismatched = 0;
+    const size_t step = std::max<size_t>(1, t.hashes.size() / static_cast<size_t>(o.determinism));
+    size_t k = 0;
+    for (const auto& [seed, hash] : t.hashes) {
+      if (k++ % step != 0) continue;
+      sim::SimResult again = sim::RunSeed(seed, sim::SimOptions{});
+      ++checked;
+      if (again.trace_hash != hash) {
+        ++mismatched;
+        std::printf("NONDETERMINISTIC seed %" PRIu64 ": trace hash %016" PRIx64
+                    " then %016" PRIx64 "\n", seed, hash, again.trace_hash);
+      }
+      if (checked >= o.determinism) break;
+    }
+    std::printf("determinism: %d seeds re-run, %d trace hashes differed\n", checked, mismatched);
+    if (mismatched > 0) rc = 1;
+  }
+  std::printf("%" PRIu64 " passed, %" PRIu64 " failed\n", t.passed, t.failed);
+  return rc;
+}
+
+}  // namespace
+
+void RegisterSim(CLI::App& app) {
+  auto o = std::make_shared<SimCliOptions>();
+  auto* cmd = app.add_subcommand(
+      "sim",
+      "Deterministic simulation: run seeded schedules of a P/D cluster with faults and "
+      "check every invariant after every step");
+  cmd->add_option("--seeds", o->seeds, "Seed range A..B (or one number)")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Run one seed in-process and print its details");
+  cmd->add_flag("--trace", o->trace, "With --seed: print one line per event");
+  cmd->add_option("--budget-s", o->budget_s,
+                  "Stop starting new seeds after this many seconds (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--jobs", o->jobs, "Worker processes (default: one per core)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--regressions", o->regressions,
+                  "Replay the seeds listed in FILE (one per line, # comments)");
+  cmd->add_flag("--require-marks", o->require_marks,
+                "Fail if a required coverage mark was never hit");
+  cmd->add_option("--determinism", o->determinism,
+                  "Re-run N of the seeds and require identical trace hashes")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([o] { SetExitCode(RunCommand(*o)); });
+}
 
 }  // namespace kvrelay::cli

@@ -23,6 +23,7 @@ namespace kvrelay {
 struct ClaimOp {
   TransferId transfer;
   uint32_t consumer_tp = 1;
+  uint64_t prompt_hash = 0;
 };
 // P: its prefill finished; these blocks (same ids on every rank) hold it.
 struct ReadyOp {
@@ -40,6 +41,7 @@ struct LoadOp {
   uint32_t producer_engine = 0;
   uint32_t producer_tp = 1;
   std::vector<BlockId> dst;
+  uint64_t prompt_hash = 0;
 };
 // D: the request finished while loading; release its load.
 struct ReleaseLoadOp {

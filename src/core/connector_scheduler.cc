@@ -27,7 +27,8 @@ Status ConnectorScheduler::AdmitRequest(RequestId request,
     }
     requests_.emplace(request, Entry{Phase::kClaimed, params});
     sending_.emplace(params.transfer, request);
-    pending_.claims.push_back(ClaimOp{params.transfer, params.remote_tp});
+    pending_.claims.push_back(
+        ClaimOp{params.transfer, params.remote_tp, params.prompt_hash});
     return Status::Ok();
   }
   if (params.do_remote_prefill) {
@@ -53,7 +54,8 @@ void ConnectorScheduler::OnBlocksAllocated(RequestId request,
   e.phase = Phase::kLoading;
   e.reports = 0;
   pending_.loads.push_back(LoadOp{request, e.params.transfer, e.params.remote_engine,
-                                  e.params.remote_tp, std::move(blocks)});
+                                  e.params.remote_tp, std::move(blocks),
+                                  e.params.prompt_hash});
 }
 
 bool ConnectorScheduler::RequestFinished(RequestId request,

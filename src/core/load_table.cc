@@ -13,7 +13,8 @@ LoadTable::LoadTable(const LoadTableOptions& options) : options_(options) {
 
 Status LoadTable::Start(RequestId request, TransferId transfer,
                         std::span<const PeerId> producers,
-                        std::vector<BlockId> dst, Instant now) {
+                        std::vector<BlockId> dst, Instant now,
+                        uint64_t prompt_hash) {
   if (producers.empty() || producers.size() > options_.max_producers) {
     return InvalidArgumentError("a load needs 1.." +
                                 std::to_string(options_.max_producers) +
@@ -60,7 +61,7 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
     p.peer = peer;
     p.pull_seq = NextSeq(false);
     load.producers.push_back(p);
-    actions_.push_back(SendPull{peer, p.pull_seq, transfer, dst});
+    actions_.push_back(SendPull{peer, p.pull_seq, transfer, dst, prompt_hash});
   }
   by_transfer_.emplace(transfer, slot);
   by_request_.emplace(request, slot);
@@ -166,6 +167,13 @@ void LoadTable::OnTimer(Instant now) {
     for (Producer& p : load.producers) {
       if (p.answered) continue;
       ++stats_.producers_given_up;
+      // Best effort: if P still holds the send (our pull or its answer was
+      // lost), the release lets it free now instead of at expiry. A load
+      // released or cut short has told its producers already.
+      if (!load.released && !load.cut_short) {
+        ++stats_.releases_sent;
+        actions_.push_back(SendPull{p.peer, NextSeq(true), load.transfer, {}});
+      }
       Record(*slot, p, TransferResult::kDeadline);
     }
     FinishIfComplete(*slot);

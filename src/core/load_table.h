@@ -23,6 +23,9 @@
 //     original pulls are answered. A request that ends before D allocated
 //     anything still tells P (ReleaseUnstarted), so P frees now rather than
 //     at expiry.
+//   * Giving up on a producer also sends it a release (best effort): if
+//     P still holds the send because a message was lost, it frees now
+//     rather than at expiry.
 //   * abort_transfers() cuts loads short: releases go out as above, but the
 //     request stays; its load is reported failed with `cut_short` so the
 //     engine recomputes it instead of aborting it.
@@ -76,6 +79,7 @@ struct SendPull {
   uint64_t pull_seq = 0;
   TransferId transfer;
   std::vector<BlockId> dst;
+  uint64_t prompt_hash = 0;   // the prompt D expects (see PullItem)
 };
 
 // The load of `request` ended; every producer answered or was given up.
@@ -127,7 +131,7 @@ class LoadTable {
   // exceed max_producers; kResourceExhausted over max_loads.
   Status Start(RequestId request, TransferId transfer,
                std::span<const PeerId> producers, std::vector<BlockId> dst,
-               Instant now);
+               Instant now, uint64_t prompt_hash = 0);
 
   // The request finished (abort, disconnect) while its load may be in
   // flight. Returns true if a load was live: its blocks stay held until

@@ -309,10 +309,24 @@ void RunMatrixCase(size_t n, const std::vector<size_t>& order,
         h.AdvanceTo(start + kGiveUp - kNs);
         Batch early = h.Drain();
         EXPECT_TRUE(early.empty()) << "completion before give-up time";
+        // Giving up releases the producers that never answered (best
+        // effort, so P frees before expiry) — unless the load was released
+        // already and they were told then.
+        std::vector<PeerId> expected;
+        for (size_t i = 0; i < n; ++i) {
+          if (!answered[i] && !released) expected.push_back(producers[i]);
+        }
+        std::sort(expected.begin(), expected.end());
         h.AdvanceTo(start + kGiveUp + Duration::Seconds(1));
         for (size_t i = 0; i < n; ++i) answered[i] = true;
         note(TransferResult::kDeadline);
-        break;
+        Batch b = h.Drain();
+        EXPECT_TRUE(b.pulls.empty());
+        EXPECT_EQ(b.ReleasePeers(), expected);
+        release_pulls.insert(release_pulls.end(), b.releases.begin(), b.releases.end());
+        EXPECT_EQ(b.completions(), 1u) << "no completion at give-up";
+        completion = b;
+        continue;
       }
     }
     Batch b = h.Drain();
@@ -1159,6 +1173,9 @@ RC_GTEST_PROP(LoadTableProperty, EveryStartedLoadCompletesExactlyOnce, ()) {
       h.AdvanceTo(h.now + d);
       for (auto& [t, load] : m.live) {
         if (load.giveup > h.now) continue;
+        // Give-up releases the unanswered producers, unless a release or
+        // cut-short already told them.
+        if (!load.released && !load.cut_short) m.SendReleases(t, load);
         for (MProducer& p : load.producers) {
           if (!p.answered) load.Record(p, TransferResult::kDeadline);
         }
@@ -1174,6 +1191,7 @@ RC_GTEST_PROP(LoadTableProperty, EveryStartedLoadCompletesExactlyOnce, ()) {
   // The end: time passes beyond every give-up.
   h.AdvanceTo(h.now + kGiveUp + Duration::Seconds(1));
   for (auto& [t, load] : m.live) {
+    if (!load.released && !load.cut_short) m.SendReleases(t, load);
     for (MProducer& p : load.producers) {
       if (!p.answered) load.Record(p, TransferResult::kDeadline);
     }

@@ -60,7 +60,9 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
   if (producer()) {
     for (const ClaimOp& op : meta.claims) {
       const uint32_t need = ConsumersPerProducer(options_.tp, op.consumer_tp);
-      if (!send_->Claim(op.transfer, need, now).ok()) ++stats_.claim_refused;
+      if (!send_->Claim(op.transfer, need, now, op.prompt_hash).ok()) {
+        ++stats_.claim_refused;
+      }
     }
     for (const ReadyOp& op : meta.readies) {
       if (!send_->Ready(op.transfer, op.blocks, now).ok()) {
@@ -78,7 +80,7 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
       std::vector<PeerId> peers =
           ProducersFor(op.producer_engine, op.producer_tp, &all_known);
       Status s = all_known ? load_->Start(op.request, op.transfer, peers,
-                                          op.dst, now)
+                                          op.dst, now, op.prompt_hash)
                            : UnavailableError("producer rank unknown");
       if (!s.ok()) {
         // Nothing was sent for this load, so no write can land: it fails
@@ -162,7 +164,8 @@ void RankConnector::Pump() {
       if (auto* pull = std::get_if<SendPull>(&*a)) {
         PullMsg msg;
         msg.pull_seq = pull->pull_seq;
-        msg.items.push_back(PullItem{pull->transfer, std::move(pull->dst)});
+        msg.items.push_back(
+            PullItem{pull->transfer, std::move(pull->dst), pull->prompt_hash});
         actions_.push_back(OutMessage{pull->peer, std::move(msg)});
       } else if (auto* done = std::get_if<LoadDone>(&*a)) {
         report_.finished_recving.push_back(*done);

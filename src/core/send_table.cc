@@ -16,7 +16,8 @@ SendTable::SendTable(const SendTableOptions& options) : options_(options) {
 // ---------------------------------------------------------------------------
 // Inputs from P's engine.
 
-Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now) {
+Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
+                        uint64_t prompt_hash) {
   KV_CHECK_GE(need, 1u);
   PruneTombstones(now);
   ++stats_.claims;
@@ -39,7 +40,18 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now) {
     // waiting pulls keep their own deadlines.
     send.claimed = true;
     send.need = need;
+    send.prompt_hash = prompt_hash;
     expiry_.Cancel(it->second);
+    // Pulls that arrived first for another prompt under this id are refused.
+    uint32_t i = send.items.head;
+    while (i != kNil) {
+      const uint32_t next = items_[i].in_send.next;
+      if (!PromptMatches(prompt_hash, items_[i].prompt_hash)) {
+        ++stats_.prompt_mismatch;
+        AnswerItem(i, TransferResult::kRejected);
+      }
+      i = next;
+    }
     return Status::Ok();
   }
   if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
@@ -55,6 +67,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now) {
   uint32_t s = NewSend(transfer);
   sends_[s].claimed = true;
   sends_[s].need = need;
+  sends_[s].prompt_hash = prompt_hash;
   return Status::Ok();
 }
 
@@ -200,13 +213,19 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
       ++stats_.placeholders;
       expiry_.Arm(s, now + options_.abort_timeout);
     }
+    if (sends_[s].claimed &&
+        !PromptMatches(sends_[s].prompt_hash, item->prompt_hash)) {
+      ++stats_.prompt_mismatch;
+      Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
+      continue;
+    }
     if (sends_[s].state == SendState::kReady &&
         item->dst.size() > sends_[s].blocks.size()) {
       ++stats_.items_rejected;
       Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
       continue;
     }
-    uint32_t i = NewItem(s, peer, pull_seq, item->dst, now);
+    uint32_t i = NewItem(s, peer, pull_seq, *item, now);
     if (sends_[s].state == SendState::kReady) {
       items_[i].state = ItemState::kQueued;
       ListPush<&Item::in_queue>(admission_, i);
@@ -425,7 +444,7 @@ void SendTable::FreeSend(uint32_t s) {
 }
 
 uint32_t SendTable::NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
-                            std::vector<BlockId> dst, Instant now) {
+                            const PullItem& pulled, Instant now) {
   uint32_t i;
   if (free_items_ != kNil) {
     i = free_items_;
@@ -442,7 +461,8 @@ uint32_t SendTable::NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
   item.peer = peer;
   item.pull_seq = pull_seq;
   item.deadline = now + options_.abort_timeout;
-  item.dst = std::move(dst);
+  item.dst = pulled.dst;
+  item.prompt_hash = pulled.prompt_hash;
   item.in_send = Links{};
   item.in_queue = Links{};
   ListPush<&Item::in_send>(sends_[s].items, i);

@@ -109,6 +109,11 @@ struct SendTableOptions {
 struct PullItem {
   TransferId transfer;
   std::vector<BlockId> dst;
+  // Fingerprint of the prompt D expects (0: not checked). A pull whose
+  // fingerprint differs from the claimed send's is refused (kRejected): a
+  // transfer_id collision — a router bug, or two routers — must end as a
+  // failed load, never as KV of another prompt decoded as this one's.
+  uint64_t prompt_hash = 0;
 };
 
 // --- Actions (effects for the driver) -------------------------------------
@@ -167,6 +172,7 @@ struct SendTableStats {
   uint64_t tombstones_evicted = 0;
   uint64_t items_rejected = 0;
   uint64_t aborts_unknown = 0;
+  uint64_t prompt_mismatch = 0;   // pulls refused: another prompt's transfer
 };
 
 class SendTable {
@@ -177,10 +183,12 @@ class SendTable {
 
   // P's scheduler admits a request that will be decoded remotely. `need` is
   // the number of D ranks that must pull from this P rank (>= 1).
+  // `prompt_hash` fingerprints the prompt (0: pulls are not checked).
   // Errors: kAlreadyExists if a live send has this id (the first one is
   // untouched); kCancelled if the transfer already ended (D released it
   // before P saw it); kResourceExhausted over max_sends.
-  Status Claim(TransferId transfer, uint32_t need, Instant now);
+  Status Claim(TransferId transfer, uint32_t need, Instant now,
+               uint64_t prompt_hash = 0);
 
   // Prefill finished: P hands over the request's blocks (in prompt order).
   // On OK the table owns the hold and will emit SendFinished exactly once.
@@ -253,6 +261,7 @@ class SendTable {
     uint64_t pull_seq = 0;
     Instant deadline;
     std::vector<BlockId> dst;
+    uint64_t prompt_hash = 0;
     Links in_send;            // on Send::items (waiting, queued or writing)
     Links in_queue;           // on admission_ (queued only)
     uint32_t next_free = kNil;
@@ -268,6 +277,7 @@ class SendTable {
     TransferResult end_reason = TransferResult::kOk;
     uint32_t need = 0;
     uint32_t pulled = 0;
+    uint64_t prompt_hash = 0;    // set by Claim
     uint32_t writes_in_flight = 0;
     std::vector<BlockId> blocks;
     List items;
@@ -289,7 +299,10 @@ class SendTable {
   uint32_t NewSend(TransferId transfer);
   void FreeSend(uint32_t s);
   uint32_t NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
-                   std::vector<BlockId> dst, Instant now);
+                   const PullItem& pulled, Instant now);
+  static bool PromptMatches(uint64_t send_hash, uint64_t item_hash) {
+    return send_hash == 0 || item_hash == 0 || send_hash == item_hash;
+  }
   void AnswerItem(uint32_t i, TransferResult result);
   void FreeItem(uint32_t i);
   void Answer(PeerId peer, uint64_t seq, TransferId t, TransferResult r);

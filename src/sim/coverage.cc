@@ -1,0 +1,35 @@
+#include "sim/coverage.h"
+
+namespace kvrelay::sim {
+
+std::string_view MarkName(Mark m) {
+  switch (m) {
+    case Mark::kPullBeforeClaim: return "pull_before_claim";
+    case Mark::kAnsweredFromTombstone: return "answered_from_tombstone";
+    case Mark::kWriteDoneAfterEnd: return "write_done_after_end";
+    case Mark::kReleaseWhileLoading: return "release_while_loading";
+    case Mark::kReleaseBeforeAlloc: return "release_before_alloc";
+    case Mark::kReadyRefused: return "ready_refused";
+    case Mark::kSendExpired: return "send_expired";
+    case Mark::kDeadlineAtAdmission: return "deadline_at_admission";
+    case Mark::kDeadlineTimer: return "deadline_timer";
+    case Mark::kWriteFailed: return "write_failed";
+    case Mark::kProducerGivenUp: return "producer_given_up";
+    case Mark::kLateAnswerDropped: return "late_answer_dropped";
+    case Mark::kLoadCutShort: return "load_cut_short";
+    case Mark::kLoadFailedRecompute: return "load_failed_recompute";
+    case Mark::kLoadFailedError: return "load_failed_error";
+    case Mark::kMultiProducer: return "multi_producer";
+    case Mark::kMultiConsumer: return "multi_consumer";
+    case Mark::kConnectionDropped: return "connection_dropped";
+    case Mark::kPartition: return "partition";
+    case Mark::kCrash: return "crash";
+    case Mark::kStaleIncarnation: return "stale_incarnation";
+    case Mark::kDuplicateTransferRejected: return "duplicate_transfer_rejected";
+    case Mark::kPoolPressure: return "pool_pressure";
+    case Mark::kCount: break;
+  }
+  return "?";
+}
+
+}  // namespace kvrelay::sim

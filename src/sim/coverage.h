@@ -1,0 +1,53 @@
+// coverage.h — Coverage: marks for rare paths, counted per run.
+//
+// Why: a simulator that never reaches "a write completed after its
+// transfer was aborted" proves nothing about it. Each mark names such a
+// path; a run reports which it hit, and CI fails when a required mark was
+// never hit across its seeds.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace kvrelay::sim {
+
+enum class Mark : uint8_t {
+  kPullBeforeClaim,          // a pull created a placeholder
+  kAnsweredFromTombstone,    // a late pull failed fast
+  kWriteDoneAfterEnd,        // a write completed after its send ended
+  kReleaseWhileLoading,      // D released a load in flight
+  kReleaseBeforeAlloc,       // D released before allocating
+  kReadyRefused,             // P's prefill finished after the send ended
+  kSendExpired,              // a READY send expired unpulled
+  kDeadlineAtAdmission,      // the re-check after taking a sender fired
+  kDeadlineTimer,            // a pull's deadline fired while it waited
+  kWriteFailed,
+  kProducerGivenUp,          // D gave up on a producer
+  kLateAnswerDropped,        // D dropped an answer for an ended load
+  kLoadCutShort,             // abort_transfers cut a load short
+  kLoadFailedRecompute,      // a failed load recomputed
+  kLoadFailedError,          // a failed load ended the request with an error
+  kMultiProducer,            // a load fanned out to >1 P rank
+  kMultiConsumer,            // a send needed >1 D rank
+  kConnectionDropped,
+  kPartition,
+  kCrash,
+  kStaleIncarnation,         // a message from a dead incarnation was dropped
+  kDuplicateTransferRejected,
+  kPoolPressure,             // a request waited for blocks
+  kCount
+};
+
+std::string_view MarkName(Mark m);
+
+struct Coverage {
+  std::array<uint64_t, static_cast<size_t>(Mark::kCount)> hits{};
+  void Hit(Mark m, uint64_t n = 1) { hits[static_cast<size_t>(m)] += n; }
+  uint64_t Of(Mark m) const { return hits[static_cast<size_t>(m)]; }
+  void Add(const Coverage& o) {
+    for (size_t i = 0; i < hits.size(); ++i) hits[i] += o.hits[i];
+  }
+};
+
+}  // namespace kvrelay::sim

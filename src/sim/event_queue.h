@@ -1,0 +1,67 @@
+// event_queue.h — EventQueue: the simulator's clock and agenda.
+//
+// Events are ordered by (time, sequence number): ties break in the order
+// they were scheduled, so a run is a pure function of its seed. Time jumps
+// straight to the next event.
+//
+// Thread safety: none; the simulator is single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <queue>
+#include <vector>
+
+#include "base/time.h"
+
+namespace kvrelay::sim {
+
+enum class EventKind : uint8_t {
+  kClientArrive,   // a = request: the client sends both legs
+  kLegArrive,      // a = request, b = engine: a leg reaches its engine
+  kClientAbort,    // a = request: the client disconnects
+  kAbortArrive,    // a = request, b = engine: the abort reaches the engine
+  kEngineStep,     // b = engine, x = incarnation
+  kPrefillDone,    // a = request, b = engine, x = incarnation
+  kDecodeDone,     // a = request, b = engine, x = incarnation
+  kRankTimer,      // b = engine, c = rank, x = incarnation
+  kDeliver,        // a = message slot
+  kWriteDone,      // a = write slot
+  kCrash,          // b = engine
+  kHeal,           // b, c = engine pair
+  kFaultsEnd,
+};
+
+struct Event {
+  Instant at;
+  uint64_t seq = 0;
+  EventKind kind = EventKind::kFaultsEnd;
+  uint32_t a = 0, b = 0, c = 0;
+  uint64_t x = 0;
+};
+
+class EventQueue {
+ public:
+  void Push(Event e) {
+    e.seq = next_seq_++;
+    heap_.push(e);
+  }
+  bool empty() const { return heap_.empty(); }
+  size_t size() const { return heap_.size(); }
+  Event Pop() {
+    Event e = heap_.top();
+    heap_.pop();
+    return e;
+  }
+  Instant PeekTime() const { return heap_.top().at; }
+
+ private:
+  struct Later {
+    bool operator()(const Event& a, const Event& b) const {
+      return a.at > b.at || (a.at == b.at && a.seq > b.seq);
+    }
+  };
+  std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  uint64_t next_seq_ = 0;
+};
+
+}  // namespace kvrelay::sim

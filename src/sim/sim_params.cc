@@ -1,0 +1,78 @@
+#include "sim/sim_params.h"
+
+#include <cstdio>
+
+#include "base/prng.h"
+
+namespace kvrelay::sim {
+
+namespace {
+uint32_t Tp(Prng& prng) { return 1u << prng.Uniform(3); }  // 1, 2, 4
+// A rate that is zero a quarter of the time, else up to max per mille.
+uint32_t Rate(Prng& prng, uint32_t max_pm) {
+  return prng.OneIn(4) ? 0 : static_cast<uint32_t>(prng.Range(1, max_pm));
+}
+}  // namespace
+
+SimParams DrawParams(uint64_t seed) {
+  Prng prng(Mix64(seed ^ 0x5EED5EED5EEDull));
+  SimParams p;
+  p.seed = seed;
+  const uint64_t np = 1 + prng.Uniform(3), nd = 1 + prng.Uniform(3);
+  for (uint64_t i = 0; i < np; ++i) p.p_tp.push_back(Tp(prng));
+  for (uint64_t i = 0; i < nd; ++i) p.d_tp.push_back(Tp(prng));
+  p.max_prompt_blocks = static_cast<uint32_t>(prng.Range(1, 8));
+  // Pools from "barely one prompt" (pressure) to roomy.
+  p.p_pool_blocks = p.max_prompt_blocks + static_cast<uint32_t>(prng.Uniform(40));
+  p.d_pool_blocks = p.max_prompt_blocks + static_cast<uint32_t>(prng.Uniform(40));
+  p.num_workers = static_cast<uint32_t>(prng.Range(1, 4));
+  // Timeouts: sometimes tiny (they fire mid-transfer), sometimes vLLM's.
+  switch (prng.Uniform(3)) {
+    case 0: p.abort_timeout = Duration::Milliseconds(prng.Range(5, 60)); break;
+    case 1: p.abort_timeout = Duration::Milliseconds(prng.Range(60, 2000)); break;
+    default: p.abort_timeout = Duration::Seconds(480); break;
+  }
+  p.net_delay_max = Duration::Microseconds(prng.Range(60, 20000));
+  p.write_time_max = Duration::Microseconds(prng.Range(100, 10000));
+  // The protocol's one timing assumption (lifecycle rule 6): D's give-up
+  // grace covers a pull's one-way delay plus a write's duration, so a write
+  // P starts before the pull's deadline has landed before D gives up.
+  const Duration floor = p.net_delay_max + p.write_time_max + Duration::Milliseconds(1);
+  p.giveup_grace = p.abort_timeout / 8 + Duration::Milliseconds(prng.Range(0, 100));
+  if (p.giveup_grace < floor) p.giveup_grace = floor;
+  p.num_requests = static_cast<uint32_t>(prng.Range(1, 60));
+  p.arrival_gap_max = Duration::Milliseconds(prng.Range(1, 30));
+  p.step_time = Duration::Microseconds(prng.Range(200, 5000));
+  p.prefill_time_max = Duration::Milliseconds(prng.Range(1, 80));
+  p.decode_time_max = Duration::Milliseconds(prng.Range(1, 80));
+  p.client_abort_pm = Rate(prng, 400);
+  p.conn_drop_pm = Rate(prng, 40);
+  p.write_fail_pm = Rate(prng, 100);
+  p.write_partial_pm = static_cast<uint32_t>(prng.Uniform(1001));
+  p.crash_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
+  p.partition_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
+  p.recompute_on_failure = !prng.OneIn(3);
+  p.fault_phase = Duration::Milliseconds(prng.Range(10, 3000));
+  return p;
+}
+
+std::string SimParams::ToString() const {
+  auto tps = [](const std::vector<uint32_t>& v) {
+    std::string s;
+    for (uint32_t t : v) s += (s.empty() ? "" : ",") + std::to_string(t);
+    return s;
+  };
+  char buf[512];
+  std::snprintf(
+      buf, sizeof buf,
+      "P[tp %s] D[tp %s] pools %u/%u workers %u abort_timeout %.3fs grace %.3fs "
+      "requests %u blocks<=%u faults: abort %u drop %u wfail %u crash %u "
+      "partition %u policy %s",
+      tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
+      num_workers, abort_timeout.seconds(), giveup_grace.seconds(), num_requests,
+      max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
+      partition_pm, recompute_on_failure ? "recompute" : "fail");
+  return buf;
+}
+
+}  // namespace kvrelay::sim

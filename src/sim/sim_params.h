@@ -1,0 +1,51 @@
+// sim_params.h — SimParams: everything one simulated run is made of, drawn
+// from its seed ("swarm testing": every seed picks its own cluster shape,
+// pool sizes, timeouts and fault rates, so rare combinations get tried —
+// tiny timeouts, pools that force pressure, fault rates of exactly zero).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/time.h"
+
+namespace kvrelay::sim {
+
+struct SimParams {
+  uint64_t seed = 0;
+  std::vector<uint32_t> p_tp;  // one entry per P engine (1, 2 or 4)
+  std::vector<uint32_t> d_tp;  // one entry per D engine
+  uint32_t p_pool_blocks = 32;
+  uint32_t d_pool_blocks = 32;
+  uint32_t num_workers = 2;
+  Duration abort_timeout = Duration::Seconds(480);
+  Duration giveup_grace = Duration::Seconds(60);
+
+  uint32_t num_requests = 20;
+  uint32_t max_prompt_blocks = 6;
+  Duration arrival_gap_max = Duration::Milliseconds(20);
+  Duration step_time = Duration::Milliseconds(2);
+  Duration prefill_time_max = Duration::Milliseconds(50);
+  Duration decode_time_max = Duration::Milliseconds(50);
+  Duration net_delay_min = Duration::Microseconds(50);
+  Duration net_delay_max = Duration::Milliseconds(5);
+  Duration write_time_max = Duration::Milliseconds(10);  // < giveup_grace/2
+
+  // Fault rates, per mille of the relevant event; each sometimes zero.
+  uint32_t client_abort_pm = 100;       // a client aborts/disconnects
+  uint32_t conn_drop_pm = 10;           // a message send breaks its connection
+  uint32_t write_fail_pm = 20;          // a write fails
+  uint32_t write_partial_pm = 500;      // of failed writes: garbage landed
+  uint32_t crash_pm = 0;                // per request arrival: crash an engine
+  uint32_t partition_pm = 0;            // per request arrival: partition a pair
+  bool recompute_on_failure = true;     // kv_load_failure_policy
+  Duration fault_phase = Duration::Seconds(1);  // faults stop after this
+
+  std::string ToString() const;
+};
+
+// Draws a run's parameters from its seed.
+SimParams DrawParams(uint64_t seed);
+
+}  // namespace kvrelay::sim

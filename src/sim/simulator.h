@@ -1,0 +1,169 @@
+// simulator.h — Simulator: one seeded run of a whole P/D cluster.
+//
+// Theory of operation
+// -------------------
+// FoundationDB and TigerBeetle prove their guarantees by running the real
+// logic under a seeded scheduler with simulated time, network, memory and
+// faults, checking invariants after every step, and replaying any failure
+// from its seed. This is that, for KV hand-off. One thread; an event queue
+// ordered by (time, sequence); time jumps to the next event.
+//
+// The world: 1–3 P and 1–3 D engines with 1–4 ranks each (ScriptedEngine
+// + one RankConnector per rank — the real core), clients that send P and D
+// legs at once (so D's pull may beat P's prefill) and abort or disconnect at
+// any moment, a router rule (a failed P leg makes D release at once), and:
+//
+//   SimNetwork  per-connection FIFO with delay and jitter; a connection drop
+//               loses everything in flight on it (both directions);
+//               partitions between engine pairs that heal; messages to a dead
+//               incarnation vanish.
+//   SimMemory   every block tagged with its owner (transfer, generation);
+//               writes complete after random delays, sometimes fail
+//               (sometimes after landing garbage), sometimes after the
+//               transfer ended. A write into a block its transfer does not
+//               own, or from a P block freed under it, is a violation at the
+//               moment it lands.
+//   Crashes     an engine dies and restarts with a new incarnation; its
+//               peers learn by handshake; stale messages keep arriving.
+//
+// After every event the simulator checks the invariants of lifecycle.md
+// (table structure, block conservation, exactly-once answers and
+// completions, ownership of every written block, a write never starting
+// after its deadline, content of every decoded block). When the fault phase
+// ends everything heals, and the run must drain — every request ended,
+// every table empty, every pool free — within a bound (liveness).
+//
+// Thread safety: none. Deterministic: the same seed gives the same trace.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/prng.h"
+#include "core/rank_connector.h"
+#include "sim/coverage.h"
+#include "sim/event_queue.h"
+#include "sim/scripted_engine.h"
+#include "sim/sim_memory.h"
+#include "sim/sim_params.h"
+
+namespace kvrelay::sim {
+
+struct SimResult {
+  uint64_t seed = 0;
+  bool ok = true;
+  std::string failure;        // the first violation
+  uint64_t events = 0;
+  uint64_t trace_hash = 0;
+  Instant end_time;
+  uint32_t requests_ok = 0, requests_error = 0, requests_aborted = 0;
+  Coverage coverage;
+};
+
+struct SimOptions {
+  bool trace = false;   // print one line per event to stdout
+};
+
+class Simulator final : public EngineHost {
+ public:
+  Simulator(const SimParams& params, const SimOptions& options);
+  ~Simulator() override;
+  SimResult Run();
+
+  // EngineHost
+  void ApplyToRanks(uint32_t engine, const ConnectorMetadata& meta) override;
+  void ScheduleWork(uint32_t engine, uint32_t request, bool prefill,
+                    Duration delay) override;
+  void ScheduleStep(uint32_t engine) override;
+  void LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) override;
+  void BlocksFreed(uint32_t engine, std::span<const BlockId> blocks) override;
+  void Violation(const std::string& what) override;
+  void Hit(Mark m) override { result_.coverage.Hit(m); }
+  Prng& prng() override { return prng_; }
+
+ private:
+  struct Node {
+    bool producer = true;
+    uint32_t tp = 1;
+    uint32_t incarnation = 1;
+    std::unique_ptr<SimMemory> memory;
+    std::unique_ptr<ScriptedEngine> engine;
+    std::vector<std::unique_ptr<RankConnector>> ranks;
+    std::vector<std::optional<Instant>> timer_at;   // per rank
+    bool step_scheduled = false;
+  };
+  struct Client {
+    TransferId transfer;
+    uint32_t p = 0, d = 0;
+    uint32_t blocks = 1;
+    bool p_ended = false, d_ended = false;
+    std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
+    bool abort_sent = false;
+    Instant p_last, d_last;   // last client→engine delivery, per leg (FIFO)
+  };
+  struct InFlightMessage {
+    bool used = false;
+    uint32_t from_engine = 0, from_rank = 0, from_incarnation = 0;
+    uint32_t to_engine = 0, to_rank = 0, to_incarnation = 0;
+    uint64_t conn_epoch = 0;
+    PeerMessage msg;
+  };
+  struct Write {
+    bool used = false;
+    uint32_t p_engine = 0, p_rank = 0, p_incarnation = 0;
+    uint32_t d_engine = 0, d_rank = 0, d_incarnation = 0;
+    StartWrite w;
+    bool fail = false, garbage = false;
+  };
+
+  void BuildNode(uint32_t e);
+  PeerId PeerOf(uint32_t engine, uint32_t rank) const;
+  void Handshake(uint32_t e);
+  void Dispatch(const Event& ev);
+  void DrainRank(uint32_t e, uint32_t r);
+  void SendMessage(uint32_t e, uint32_t r, OutMessage out);
+  void Deliver(uint32_t slot);
+  void BeginWrite(uint32_t e, uint32_t r, StartWrite w);
+  void FinishWrite(uint32_t slot);
+  void ClientArrive(uint32_t request);
+  void ClientAbort(uint32_t request);
+  void SendAbort(uint32_t request, uint32_t engine);
+  void Crash(uint32_t e);
+  void MaybeInjectFault();
+  bool Partitioned(uint32_t a, uint32_t b) const;
+  uint64_t ConnKey(uint32_t e1, uint32_t r1, uint32_t e2, uint32_t r2) const;
+  void CheckAll();
+  void CheckDrained();
+  void Trace(const Event& ev);
+  bool faults_on() const { return !faults_over_; }
+
+  const SimParams params_;
+  const SimOptions options_;
+  Prng prng_;
+  EventQueue queue_;
+  Instant now_;
+  std::vector<Node> nodes_;     // P engines first, then D engines
+  std::vector<Client> clients_;
+  std::vector<InFlightMessage> messages_;
+  std::vector<uint32_t> free_messages_;
+  std::vector<Write> writes_;
+  std::vector<uint32_t> free_writes_;
+  std::unordered_map<uint64_t, uint64_t> conn_epoch_;
+  std::unordered_map<uint64_t, Instant> conn_last_delivery_;
+  std::map<std::pair<uint32_t, uint32_t>, Instant> partitions_;
+  // Exactly-once answers: pull items received by P ranks, by key.
+  std::unordered_map<uint64_t, uint32_t> pull_answers_;
+  bool faults_over_ = false;
+  SimResult result_;
+};
+
+// Runs one seed; never throws. A KV_CHECK failure aborts the process.
+SimResult RunSeed(uint64_t seed, const SimOptions& options);
+
+}  // namespace kvrelay::sim
