@@ -31,6 +31,8 @@ struct SimParams {
   Duration net_delay_min = Duration::Microseconds(50);
   Duration net_delay_max = Duration::Milliseconds(5);
   Duration write_time_max = Duration::Milliseconds(10);  // < giveup_grace/2
+  // A busy actor loop runs its timers late by up to this much.
+  Duration timer_late_max = Duration::Zero();
 
   // Fault rates, per mille of the relevant event; each sometimes zero.
   uint32_t client_abort_pm = 100;       // a client aborts/disconnects

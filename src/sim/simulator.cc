@@ -112,12 +112,16 @@ SimResult Simulator::Run() {
     queue_.Push(Event{t, 0, EventKind::kClientArrive, i});
   }
   queue_.Push(Event{Instant::Epoch() + params_.fault_phase, 0, EventKind::kFaultsEnd});
-  // Liveness bound: after the last arrival and the fault phase, everything
-  // must drain within a few give-up periods.
+  // Liveness bound. A control message lost in the fault phase costs its
+  // transfer at most one give-up period (abort_timeout + giveup_grace: P's
+  // expiry or deadline, D's give-up); under pool pressure requests queue
+  // behind such transfers, so in the worst case each request waits out one
+  // period after the faults stop. A wedge never drains; this bound turns
+  // it into a failure.
+  const Duration period = params_.abort_timeout + params_.giveup_grace +
+                          params_.prefill_time_max + params_.decode_time_max;
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
-                        (params_.abort_timeout + params_.giveup_grace) * 4 +
-                        params_.prefill_time_max * 4 + params_.decode_time_max * 4 +
-                        Duration::Seconds(10);
+                        period * (params_.num_requests + 2) + Duration::Seconds(10);
   uint64_t hash = Mix64(params_.seed);
   while (!queue_.empty() && result_.ok) {
     Event ev = queue_.Pop();
@@ -334,7 +338,11 @@ void Simulator::DrainRank(uint32_t e, uint32_t r) {
   if (rank.HasReport()) ScheduleStep(e);
   if (auto next = rank.NextDeadline()) {
     if (!node.timer_at[r] || *next < *node.timer_at[r]) {
-      const Instant at = std::max(*next, now_);
+      // Timers fire late by a random amount, as in a busy actor loop: the
+      // core must not rely on a timer running before other inputs.
+      const Duration late = Duration::Nanoseconds(static_cast<int64_t>(
+          prng_.Uniform(static_cast<uint64_t>(params_.timer_late_max.ns()) + 1)));
+      const Instant at = std::max(*next, now_) + late;
       node.timer_at[r] = at;
       queue_.Push(Event{at, 0, EventKind::kRankTimer, 0, e, r, node.incarnation});
     }
