@@ -381,7 +381,16 @@ void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
       Violation("an answer for a pull this P rank never received");
       return;
     }
-    if (++it->second > 1) {
+    // Promptly: by the pull's deadline, plus a write that started before it
+    // and a timer that ran late.
+    const Instant latest = it->second.received + params_.abort_timeout +
+                           params_.write_time_max + params_.timer_late_max;
+    if (now_ > latest) {
+      Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
+                answer->transfer.ToString() + " answered after its deadline");
+      return;
+    }
+    if (++it->second.answers > 1) {
       Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
                 answer->transfer.ToString() + " answered twice");
       return;
@@ -444,7 +453,7 @@ void Simulator::Deliver(uint32_t slot) {
     for (const PullItem& item : pull->items) {
       pull_answers_.emplace(PullKey(m.to_engine, to.incarnation, m.to_rank, from,
                                     pull->pull_seq, item.transfer),
-                            0);
+                            PullRecord{m.to_engine, to.incarnation, 0, now_});
     }
   }
   DrainRank(m.to_engine, m.to_rank);
@@ -644,12 +653,15 @@ void Simulator::CheckDrained() {
   for (const Write& w : writes_) {
     if (w.used) Violation("a write never completed");
   }
-  for (const auto& [key, answers] : pull_answers_) {
-    if (answers == 0) {
-      // Only pulls received by a P incarnation that is still alive count;
-      // the key has no incarnation to look up, so recompute liveness by
-      // construction: keys of dead incarnations were answered or died.
-      (void)key;
+  // Every pull item a live P incarnation accepted was answered (a crashed
+  // incarnation's pending pulls died with it; D gives up on those).
+  for (const auto& [key, rec] : pull_answers_) {
+    if (rec.answers == 0 && nodes_[rec.p_engine].incarnation == rec.p_incarnation) {
+      char at[48];
+      std::snprintf(at, sizeof at, "%.6f", rec.received.seconds());
+      Violation(std::string("a pull received by engine ") + std::to_string(rec.p_engine) +
+                " at t=" + at + " s was never answered");
+      return;
     }
   }
 }

@@ -157,8 +157,13 @@ class Simulator final : public EngineHost {
   std::unordered_map<uint64_t, uint64_t> conn_epoch_;
   std::unordered_map<uint64_t, Instant> conn_last_delivery_;
   std::map<std::pair<uint32_t, uint32_t>, Instant> partitions_;
-  // Exactly-once answers: pull items received by P ranks, by key.
-  std::unordered_map<uint64_t, uint32_t> pull_answers_;
+  // Exactly-once answers: every pull item a P rank accepted, by key.
+  struct PullRecord {
+    uint32_t p_engine = 0, p_incarnation = 0;
+    uint32_t answers = 0;
+    Instant received;
+  };
+  std::unordered_map<uint64_t, PullRecord> pull_answers_;
   bool faults_over_ = false;
   SimResult result_;
 };
