@@ -34,7 +34,13 @@ Status ConnectorScheduler::AdmitRequest(RequestId request,
   if (params.do_remote_prefill) {
     if (!d) return InvalidArgumentError("do_remote_prefill on a prefill-only engine");
     if (params.transfer.IsZero()) return InvalidArgumentError("missing transfer_id");
+    if (receiving_.count(params.transfer) != 0) {
+      ++stats_.duplicate_transfer_rejected;
+      return AlreadyExistsError("transfer_id " + params.transfer.ToString() +
+                                " is loading for a live request");
+    }
     requests_.emplace(request, Entry{Phase::kAwaitingAlloc, params});
+    receiving_.emplace(params.transfer, request);
     return Status::Ok();
   }
   return Status::Ok();  // a plain request: nothing to track
@@ -68,8 +74,7 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
     case Phase::kClaimed:
       if (aborted || blocks.empty()) {
         pending_.aborts.push_back(AbortSendOp{e.params.transfer});
-        sending_.erase(e.params.transfer);
-        requests_.erase(it);
+        Erase(it);
         return false;
       }
       e.phase = Phase::kHeld;
@@ -80,7 +85,7 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
     case Phase::kAwaitingAlloc:
       pending_.unstarted_releases.push_back(ReleaseUnstartedOp{
           e.params.transfer, e.params.remote_engine, e.params.remote_tp});
-      requests_.erase(it);
+      Erase(it);
       return false;
     case Phase::kLoading:
       e.phase = Phase::kReleasing;
@@ -118,8 +123,7 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
     KV_CHECK(e.phase == Phase::kHeld);
     if (++e.reports == options_.tp) {
       out.sending_done.push_back(request);
-      sending_.erase(s);
-      requests_.erase(request);
+      Erase(requests_.find(request));
     }
   }
   for (const LoadDone& done : report.finished_recving) {
@@ -135,7 +139,7 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
     e.cut_short = e.cut_short || done.cut_short;
     if (++e.reports == options_.tp) {
       out.recving_done.push_back(LoadOutcome{done.request, e.load_ok, e.cut_short});
-      requests_.erase(it);
+      Erase(it);
     }
   }
   for (const RequestId& request : report.released) {
@@ -145,10 +149,20 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
     KV_CHECK(e.phase == Phase::kReleasing);
     if (++e.reports == options_.tp) {
       out.released.push_back(request);
-      requests_.erase(it);
+      Erase(it);
     }
   }
   return out;
+}
+
+void ConnectorScheduler::Erase(std::unordered_map<RequestId, Entry>::iterator it) {
+  KV_CHECK(it != requests_.end());
+  const Entry& e = it->second;
+  auto& index = (e.phase == Phase::kClaimed || e.phase == Phase::kHeld) ? sending_ : receiving_;
+  auto x = index.find(e.params.transfer);
+  KV_CHECK(x != index.end() && x->second == it->first);
+  index.erase(x);
+  requests_.erase(it);
 }
 
 size_t ConnectorScheduler::held_sends() const {
@@ -166,16 +180,17 @@ size_t ConnectorScheduler::live_loads() const {
 }
 
 void ConnectorScheduler::CheckInvariants() const {
-  size_t p = 0;
+  size_t p = 0, d = 0;
   for (const auto& [r, e] : requests_) {
     KV_CHECK_LE(e.reports, options_.tp);
-    if (e.phase == Phase::kClaimed || e.phase == Phase::kHeld) {
-      ++p;
-      auto s = sending_.find(e.params.transfer);
-      KV_CHECK(s != sending_.end() && s->second == r);
-    }
+    const bool sending = e.phase == Phase::kClaimed || e.phase == Phase::kHeld;
+    auto& index = sending ? sending_ : receiving_;
+    ++(sending ? p : d);
+    auto s = index.find(e.params.transfer);
+    KV_CHECK(s != index.end() && s->second == r);
   }
   KV_CHECK_EQ(p, sending_.size());
+  KV_CHECK_EQ(d, receiving_.size());
 }
 
 }  // namespace kvrelay

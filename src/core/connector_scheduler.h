@@ -85,9 +85,10 @@ class ConnectorScheduler {
  public:
   explicit ConnectorScheduler(const ConnectorSchedulerOptions& options);
 
-  // Admission. P with do_remote_decode: claims the transfer (kAlreadyExists
-  // if a live request holds the same transfer_id — the first one is left
-  // alone). D with do_remote_prefill: remembers where to load from.
+  // Admission. P with do_remote_decode: claims the transfer. D with
+  // do_remote_prefill: remembers where to load from. Either way
+  // kAlreadyExists if a live request of that role holds the same
+  // transfer_id — the first one is left alone.
   // kInvalidArgument for params the role cannot serve.
   Status AdmitRequest(RequestId request, const KvTransferParams& params);
 
@@ -134,7 +135,11 @@ class ConnectorScheduler {
 
   const ConnectorSchedulerOptions options_;
   std::unordered_map<RequestId, Entry> requests_;
-  std::unordered_map<TransferId, RequestId> sending_;  // P: transfer → req
+  // Removes a request and its transfer index entry.
+  void Erase(std::unordered_map<RequestId, Entry>::iterator it);
+
+  std::unordered_map<TransferId, RequestId> sending_;    // P: transfer → req
+  std::unordered_map<TransferId, RequestId> receiving_;  // D: transfer → req
   ConnectorMetadata pending_;
   ConnectorSchedulerStats stats_;
 };

@@ -84,9 +84,13 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
                            : UnavailableError("producer rank unknown");
       if (!s.ok()) {
         // Nothing was sent for this load, so no write can land: it fails
-        // now, and any producers we do know are told to drop it.
-        ++stats_.unknown_producer;
-        load_->ReleaseUnstarted(op.transfer, peers);
+        // now. If a producer was unknown, the known ones are told to drop
+        // the transfer. Any other refusal (a live load already has this
+        // transfer_id) must leave the transfer alone: it is someone else's.
+        if (!all_known) {
+          ++stats_.unknown_producer;
+          load_->ReleaseUnstarted(op.transfer, peers);
+        }
         report_.finished_recving.push_back(LoadDone{
             op.request, op.transfer, false, false, TransferResult::kUnreachable});
       }

@@ -49,6 +49,7 @@ SimParams DrawParams(uint64_t seed) {
   p.conn_drop_pm = Rate(prng, 40);
   p.write_fail_pm = Rate(prng, 100);
   p.write_partial_pm = static_cast<uint32_t>(prng.Uniform(1001));
+  p.duplicate_id_pm = prng.OneIn(3) ? Rate(prng, 150) : 0;
   p.crash_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
   p.partition_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
   p.recompute_on_failure = !prng.OneIn(3);

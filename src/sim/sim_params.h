@@ -39,6 +39,7 @@ struct SimParams {
   uint32_t conn_drop_pm = 10;           // a message send breaks its connection
   uint32_t write_fail_pm = 20;          // a write fails
   uint32_t write_partial_pm = 500;      // of failed writes: garbage landed
+  uint32_t duplicate_id_pm = 0;         // the router reuses a live transfer_id
   uint32_t crash_pm = 0;                // per request arrival: crash an engine
   uint32_t partition_pm = 0;            // per request arrival: partition a pair
   bool recompute_on_failure = true;     // kv_load_failure_policy

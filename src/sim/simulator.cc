@@ -537,7 +537,7 @@ void Simulator::ClientArrive(uint32_t i) {
   c.d = np + static_cast<uint32_t>(prng_.Uniform(nd));
   c.blocks = static_cast<uint32_t>(prng_.Range(1, params_.max_prompt_blocks));
   // Now and then a router bug reuses a live transfer_id.
-  if (i > 0 && prng_.OneIn(64)) {
+  if (i > 0 && prng_.Chance(params_.duplicate_id_pm, 1000)) {
     c.transfer = clients_[prng_.Uniform(i)].transfer;
   } else {
     c.transfer = TransferId{prng_.Next64(), prng_.Next64()};
