@@ -52,6 +52,7 @@ struct ReleaseUnstartedOp {
   TransferId transfer;
   uint32_t producer_engine = 0;
   uint32_t producer_tp = 1;
+  uint64_t prompt_hash = 0;
 };
 
 struct ConnectorMetadata {

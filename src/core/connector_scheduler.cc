@@ -83,8 +83,9 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
           ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end())});
       return true;
     case Phase::kAwaitingAlloc:
-      pending_.unstarted_releases.push_back(ReleaseUnstartedOp{
-          e.params.transfer, e.params.remote_engine, e.params.remote_tp});
+      pending_.unstarted_releases.push_back(
+          ReleaseUnstartedOp{e.params.transfer, e.params.remote_engine,
+                             e.params.remote_tp, e.params.prompt_hash});
       Erase(it);
       return false;
     case Phase::kLoading:

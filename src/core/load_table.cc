@@ -54,6 +54,7 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
   load.used = true;
   load.request = request;
   load.transfer = transfer;
+  load.prompt_hash = prompt_hash;
   load.giveup = now + options_.abort_timeout + options_.giveup_grace;
   load.unanswered = static_cast<uint32_t>(producers.size());
   for (const PeerId& peer : producers) {
@@ -81,11 +82,12 @@ bool LoadTable::Release(RequestId request, Instant /*now*/) {
 }
 
 void LoadTable::ReleaseUnstarted(TransferId transfer,
-                                 std::span<const PeerId> producers) {
+                                 std::span<const PeerId> producers,
+                                 uint64_t prompt_hash) {
   ++stats_.releases_unstarted;
   for (const PeerId& peer : producers) {
     ++stats_.releases_sent;
-    actions_.push_back(SendPull{peer, NextSeq(true), transfer, {}});
+    actions_.push_back(SendPull{peer, NextSeq(true), transfer, {}, prompt_hash});
   }
 }
 
@@ -109,7 +111,7 @@ void LoadTable::SendReleases(uint32_t slot) {
   for (const Producer& p : load.producers) {
     if (p.answered) continue;
     ++stats_.releases_sent;
-    actions_.push_back(SendPull{p.peer, NextSeq(true), load.transfer, {}});
+    actions_.push_back(SendPull{p.peer, NextSeq(true), load.transfer, {}, load.prompt_hash});
   }
 }
 
@@ -172,7 +174,7 @@ void LoadTable::OnTimer(Instant now) {
       // released or cut short has told its producers already.
       if (!load.released && !load.cut_short) {
         ++stats_.releases_sent;
-        actions_.push_back(SendPull{p.peer, NextSeq(true), load.transfer, {}});
+        actions_.push_back(SendPull{p.peer, NextSeq(true), load.transfer, {}, load.prompt_hash});
       }
       Record(*slot, p, TransferResult::kDeadline);
     }

@@ -140,7 +140,8 @@ class LoadTable {
   bool Release(RequestId request, Instant now);
 
   // The request ends before D allocated blocks: tell its producers.
-  void ReleaseUnstarted(TransferId transfer, std::span<const PeerId> producers);
+  void ReleaseUnstarted(TransferId transfer, std::span<const PeerId> producers,
+                        uint64_t prompt_hash = 0);
 
   // abort_transfers(): cut every live load short (see header comment).
   void AbortAll(Instant now);
@@ -187,6 +188,7 @@ class LoadTable {
     TransferResult first_error = TransferResult::kOk;
     bool released = false;
     bool cut_short = false;
+    uint64_t prompt_hash = 0;
     Instant giveup;
     uint32_t next_free = kNil;
   };

@@ -89,7 +89,7 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
         // transfer_id) must leave the transfer alone: it is someone else's.
         if (!all_known) {
           ++stats_.unknown_producer;
-          load_->ReleaseUnstarted(op.transfer, peers);
+          load_->ReleaseUnstarted(op.transfer, peers, op.prompt_hash);
         }
         report_.finished_recving.push_back(LoadDone{
             op.request, op.transfer, false, false, TransferResult::kUnreachable});
@@ -102,7 +102,8 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
     for (const ReleaseUnstartedOp& op : meta.unstarted_releases) {
       bool all_known = false;
       load_->ReleaseUnstarted(
-          op.transfer, ProducersFor(op.producer_engine, op.producer_tp, &all_known));
+          op.transfer, ProducersFor(op.producer_engine, op.producer_tp, &all_known),
+          op.prompt_hash);
     }
   }
   if (meta.abort_all) {

@@ -173,7 +173,7 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
   for (const PullItem& item : items) {
     ++stats_.pull_items;
     if (item.dst.empty()) {
-      HandleRelease(item.transfer, peer, pull_seq, now);
+      HandleRelease(item, peer, pull_seq, now);
       continue;
     }
     if (item.dst.size() > options_.max_blocks_per_item) {
@@ -234,10 +234,18 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
   AdmitWrites(now);
 }
 
-void SendTable::HandleRelease(TransferId t, PeerId peer, uint64_t seq,
+void SendTable::HandleRelease(const PullItem& item, PeerId peer, uint64_t seq,
                               Instant now) {
   ++stats_.releases;
+  const TransferId t = item.transfer;
   auto it = index_.find(t);
+  if (it != index_.end() && sends_[it->second].claimed &&
+      !PromptMatches(sends_[it->second].prompt_hash, item.prompt_hash)) {
+    // A release for another prompt under this id must not end this send.
+    ++stats_.prompt_mismatch;
+    Answer(peer, seq, t, TransferResult::kRejected);
+    return;
+  }
   if (it != index_.end()) {
     if (sends_[it->second].state != SendState::kDone) {
       EndSend(it->second, TransferResult::kReleased, now);

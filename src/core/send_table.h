@@ -313,7 +313,7 @@ class SendTable {
   }
   // Looks up how an ended transfer ended: a DONE send or a tombstone.
   std::optional<TransferResult> EndedAs(TransferId transfer) const;
-  void HandleRelease(TransferId t, PeerId peer, uint64_t seq, Instant now);
+  void HandleRelease(const PullItem& item, PeerId peer, uint64_t seq, Instant now);
 
   Links& SendLinks(uint32_t i) { return items_[i].in_send; }
   Links& QueueLinks(uint32_t i) { return items_[i].in_queue; }

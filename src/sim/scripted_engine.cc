@@ -232,12 +232,12 @@ void ScriptedEngine::WriteLocalKv(const Req& r) {
     memory_->SetOwner(b, t);
     for (uint32_t rank = 0; rank < config_.tp; ++rank) {
       if (producer()) {
-        memory_->At(b.index, rank, 0) = KvDigest(t, i, rank);
+        memory_->At(b.index, rank, 0) = KvDigest(r.leg.params.prompt_hash, i, rank);
         continue;
       }
       std::vector<uint32_t> ps = ProducerRanksFor(rank, config_.tp, r.leg.remote_tp);
       for (uint32_t k = 0; k < ps.size(); ++k) {
-        memory_->At(b.index, rank, k) = KvDigest(t, i, ps[k]);
+        memory_->At(b.index, rank, k) = KvDigest(r.leg.params.prompt_hash, i, ps[k]);
       }
     }
   }
@@ -251,7 +251,7 @@ bool ScriptedEngine::VerifyKv(const Req& r) {
     for (uint32_t rank = 0; rank < config_.tp; ++rank) {
       std::vector<uint32_t> ps = ProducerRanksFor(rank, config_.tp, r.leg.remote_tp);
       for (uint32_t k = 0; k < ps.size(); ++k) {
-        if (memory_->At(b.index, rank, k) != KvDigest(t, i, ps[k])) return false;
+        if (memory_->At(b.index, rank, k) != KvDigest(r.leg.params.prompt_hash, i, ps[k])) return false;
       }
     }
   }

@@ -23,10 +23,11 @@ namespace kvrelay::sim {
 
 inline constexpr uint32_t kMaxSlots = 4;  // producers per D rank (tp <= 4)
 
-// The KV digest of prompt block `index` of `transfer` as P rank `p_rank`
-// computes it.
-inline uint64_t KvDigest(TransferId transfer, uint32_t index, uint32_t p_rank) {
-  return Mix64(transfer.hi ^ Mix64(transfer.lo ^ ((uint64_t{index} << 8) | p_rank)));
+// The KV digest of block `index` of the prompt fingerprinted `prompt` as
+// P rank `p_rank` computes it: a function of the prompt, not of the
+// transfer_id, so KV of another prompt under the same id is detected.
+inline uint64_t KvDigest(uint64_t prompt, uint32_t index, uint32_t p_rank) {
+  return Mix64(prompt ^ Mix64((uint64_t{index} << 8) | p_rank));
 }
 
 class SimMemory {

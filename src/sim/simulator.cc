@@ -191,7 +191,7 @@ void Simulator::Dispatch(const Event& ev) {
       leg.prompt_blocks = c.blocks;
       leg.params.transfer = c.transfer;
       // The "prompt" of a simulated request is its blocks under its id.
-      leg.params.prompt_hash = Mix64(c.transfer.hi ^ Mix64(c.transfer.lo + c.blocks));
+      leg.params.prompt_hash = c.prompt;
       if (node.producer) {
         leg.params.do_remote_decode = true;
         leg.params.remote_tp = nodes_[c.d].tp;
@@ -285,8 +285,9 @@ void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) 
   if (nodes_[engine].producer) {
     if (c.p_ended) Violation("P leg of request " + std::to_string(request) + " ended twice");
     c.p_ended = true;
-    // The router: a failed P leg makes D release at once.
-    if (outcome != LegOutcome::kOk && !c.d_ended) SendAbort(request, c.d);
+    // The router: a failed P leg makes D release at once — once P's error
+    // response has reached the router.
+    if (outcome != LegOutcome::kOk && !c.d_ended) SendAbort(request, c.d, NetDelay());
   } else {
     if (c.d_ended) Violation("D leg of request " + std::to_string(request) + " ended twice");
     c.d_ended = true;
@@ -536,19 +537,18 @@ void Simulator::ClientArrive(uint32_t i) {
   c.p = static_cast<uint32_t>(prng_.Uniform(np));
   c.d = np + static_cast<uint32_t>(prng_.Uniform(nd));
   c.blocks = static_cast<uint32_t>(prng_.Range(1, params_.max_prompt_blocks));
-  // Now and then a router bug reuses a live transfer_id.
+  c.prompt = prng_.Next64() | 1;
+  // Now and then two routers pick the same transfer_id (or one router has a
+  // bug): it collides with a recent, likely live request on the same P.
   if (i > 0 && prng_.Chance(params_.duplicate_id_pm, 1000)) {
-    c.transfer = clients_[prng_.Uniform(i)].transfer;
+    const Client& orig = clients_[i - 1 - prng_.Uniform(std::min<uint32_t>(i, 4))];
+    c.transfer = orig.transfer;
+    c.p = orig.p;
   } else {
     c.transfer = TransferId{prng_.Next64(), prng_.Next64()};
   }
   // Both legs at once, each with its own delay: D may see it first.
-  auto delay = [this] {
-    return params_.net_delay_min +
-           Duration::Nanoseconds(static_cast<int64_t>(
-               prng_.Uniform((params_.net_delay_max - params_.net_delay_min).ns() + 1)));
-  };
-  const Instant p_at = now_ + delay(), d_at = now_ + delay();
+  const Instant p_at = now_ + NetDelay(), d_at = now_ + NetDelay();
   c.p_last = p_at;
   c.d_last = d_at;
   queue_.Push(Event{p_at, 0, EventKind::kLegArrive, i, c.p, 0, nodes_[c.p].incarnation});
@@ -573,10 +573,17 @@ void Simulator::ClientAbort(uint32_t i) {
 
 // Client → engine traffic is one HTTP connection per leg: FIFO, so an abort
 // never overtakes the leg it cancels.
-void Simulator::SendAbort(uint32_t request, uint32_t engine) {
+Duration Simulator::NetDelay() {
+  return params_.net_delay_min +
+         Duration::Nanoseconds(static_cast<int64_t>(
+             prng_.Uniform((params_.net_delay_max - params_.net_delay_min).ns() + 1)));
+}
+
+void Simulator::SendAbort(uint32_t request, uint32_t engine, Duration extra) {
   Client& c = clients_[request];
   Instant& last = engine == c.p ? c.p_last : c.d_last;
-  const Instant at = std::max(now_ + params_.net_delay_min, last + Duration::Nanoseconds(1));
+  const Instant at =
+      std::max(now_ + extra + params_.net_delay_min, last + Duration::Nanoseconds(1));
   last = at;
   queue_.Push(Event{at, 0, EventKind::kAbortArrive, request, engine, 0,
                     nodes_[engine].incarnation});

@@ -102,6 +102,7 @@ class Simulator final : public EngineHost {
     TransferId transfer;
     uint32_t p = 0, d = 0;
     uint32_t blocks = 1;
+    uint64_t prompt = 0;      // fingerprint of this request's prompt
     bool p_ended = false, d_ended = false;
     std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
     bool abort_sent = false;
@@ -133,7 +134,8 @@ class Simulator final : public EngineHost {
   void FinishWrite(uint32_t slot);
   void ClientArrive(uint32_t request);
   void ClientAbort(uint32_t request);
-  void SendAbort(uint32_t request, uint32_t engine);
+  void SendAbort(uint32_t request, uint32_t engine, Duration extra = Duration::Zero());
+  Duration NetDelay();
   void Crash(uint32_t e);
   void MaybeInjectFault();
   bool Partitioned(uint32_t a, uint32_t b) const;
