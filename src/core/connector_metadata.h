@@ -29,6 +29,7 @@ struct ClaimOp {
 struct ReadyOp {
   TransferId transfer;
   std::vector<BlockId> blocks;
+  uint64_t prompt_hash = 0;   // fingerprint of the KV in `blocks`
 };
 // P: the request was aborted; end its send.
 struct AbortSendOp {

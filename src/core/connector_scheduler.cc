@@ -52,13 +52,15 @@ bool ConnectorScheduler::RemotePrefill(RequestId request) const {
 }
 
 void ConnectorScheduler::OnBlocksAllocated(RequestId request,
-                                           std::vector<BlockId> blocks) {
+                                           std::vector<BlockId> blocks,
+                                           uint64_t prompt_hash) {
   auto it = requests_.find(request);
   KV_CHECK(it != requests_.end());
   KV_CHECK(it->second.phase == Phase::kAwaitingAlloc);
   Entry& e = it->second;
   e.phase = Phase::kLoading;
   e.reports = 0;
+  if (prompt_hash != 0) e.params.prompt_hash = prompt_hash;
   pending_.loads.push_back(LoadOp{request, e.params.transfer, e.params.remote_engine,
                                   e.params.remote_tp, std::move(blocks),
                                   e.params.prompt_hash});
@@ -66,7 +68,7 @@ void ConnectorScheduler::OnBlocksAllocated(RequestId request,
 
 bool ConnectorScheduler::RequestFinished(RequestId request,
                                          std::span<const BlockId> blocks,
-                                         bool aborted) {
+                                         bool aborted, uint64_t prompt_hash) {
   auto it = requests_.find(request);
   if (it == requests_.end()) return false;
   Entry& e = it->second;
@@ -80,7 +82,8 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
       e.phase = Phase::kHeld;
       e.reports = 0;
       pending_.readies.push_back(
-          ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end())});
+          ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end()),
+                  prompt_hash != 0 ? prompt_hash : e.params.prompt_hash});
       return true;
     case Phase::kAwaitingAlloc:
       pending_.unstarted_releases.push_back(

@@ -96,13 +96,17 @@ class ConnectorScheduler {
   bool RemotePrefill(RequestId request) const;
 
   // D: blocks for the remote KV are allocated; the load starts next step.
-  void OnBlocksAllocated(RequestId request, std::vector<BlockId> blocks);
+  // A non-zero `prompt_hash` replaces the one given at admission (the
+  // engine's weights may have changed since).
+  void OnBlocksAllocated(RequestId request, std::vector<BlockId> blocks,
+                         uint64_t prompt_hash = 0);
 
   // The request finished (aborted or not) with `blocks`. Returns true when
   // the engine must keep the blocks until OnRankReport surfaces the request
   // (sending_done or released); false when it may free them now.
+  // P: `prompt_hash` fingerprints the KV in `blocks` (0: the admission's).
   bool RequestFinished(RequestId request, std::span<const BlockId> blocks,
-                       bool aborted);
+                       bool aborted, uint64_t prompt_hash = 0);
 
   // P: an already-finished request whose KV is held is aborted
   // (abort_requests on it): end its send now.

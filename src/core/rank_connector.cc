@@ -65,7 +65,7 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
       }
     }
     for (const ReadyOp& op : meta.readies) {
-      if (!send_->Ready(op.transfer, op.blocks, now).ok()) {
+      if (!send_->Ready(op.transfer, op.blocks, now, op.prompt_hash).ok()) {
         // The send ended first (D released it, a deadline passed): nothing
         // holds the blocks on this rank.
         ++stats_.ready_refused;

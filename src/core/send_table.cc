@@ -72,7 +72,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
 }
 
 Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
-                        Instant now) {
+                        Instant now, uint64_t prompt_hash) {
   PruneTombstones(now);
   if (blocks.empty()) {
     return InvalidArgumentError("Ready with no blocks for transfer " +
@@ -106,6 +106,7 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
   send.state = SendState::kReady;
   send.holds_blocks = true;
   send.blocks = std::move(blocks);
+  if (prompt_hash != 0) send.prompt_hash = prompt_hash;
   // Expiry counts from when P is done, not from the claim.
   expiry_.Arm(s, now + options_.abort_timeout);
   // Pulls that waited for the prefill now wait for a sender, in arrival
@@ -114,7 +115,10 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
   while (i != kNil) {
     const uint32_t next = items_[i].in_send.next;
     KV_CHECK(items_[i].state == ItemState::kWaiting);
-    if (items_[i].dst.size() > send.blocks.size()) {
+    if (!PromptMatches(send.prompt_hash, items_[i].prompt_hash)) {
+      ++stats_.prompt_mismatch;
+      AnswerItem(i, TransferResult::kRejected);
+    } else if (items_[i].dst.size() > send.blocks.size()) {
       ++stats_.items_rejected;
       AnswerItem(i, TransferResult::kRejected);
     } else {

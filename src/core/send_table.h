@@ -192,12 +192,16 @@ class SendTable {
 
   // Prefill finished: P hands over the request's blocks (in prompt order).
   // On OK the table owns the hold and will emit SendFinished exactly once.
+  // A non-zero `prompt_hash` fingerprints the KV actually handed over (the
+  // weights it was computed with may differ from the claim's): it replaces
+  // the claim's, and pulls already waiting are checked against it.
   // REQUIRES: Ready() was not accepted before for this transfer.
   // On error P keeps ownership and frees the blocks itself: kCancelled if
   // the transfer already ended (released, aborted, deadline) — the engine
   // frees at once; kFailedPrecondition if it was never claimed;
   // kInvalidArgument if `blocks` is empty.
-  Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now);
+  Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now,
+               uint64_t prompt_hash = 0);
 
   // P aborts the request (before scheduling, while running or after ready).
   // An unknown transfer gets a tombstone so a later pull fails fast.

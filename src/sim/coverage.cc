@@ -27,6 +27,11 @@ std::string_view MarkName(Mark m) {
     case Mark::kStaleIncarnation: return "stale_incarnation";
     case Mark::kDuplicateTransferRejected: return "duplicate_transfer_rejected";
     case Mark::kPoolPressure: return "pool_pressure";
+    case Mark::kPrefixHit: return "prefix_hit";
+    case Mark::kOpPause: return "op_pause";
+    case Mark::kOpSleep: return "op_sleep";
+    case Mark::kOpReleaseKv: return "op_release_kv";
+    case Mark::kOpUpdateWeights: return "op_update_weights";
     case Mark::kCount: break;
   }
   return "?";

@@ -35,7 +35,12 @@ enum class Mark : uint8_t {
   kCrash,
   kStaleIncarnation,         // a message from a dead incarnation was dropped
   kDuplicateTransferRejected,
-  kPoolPressure,             // a request waited for blocks
+  kPoolPressure,             // a running request was preempted for blocks
+  kPrefixHit,                // a prefix-cache hit
+  kOpPause,                  // lifecycle operations issued
+  kOpSleep,
+  kOpReleaseKv,
+  kOpUpdateWeights,
   kCount
 };
 

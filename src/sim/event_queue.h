@@ -21,8 +21,8 @@ enum class EventKind : uint8_t {
   kClientAbort,    // a = request: the client disconnects
   kAbortArrive,    // a = request, b = engine: the abort reaches the engine
   kEngineStep,     // b = engine, x = incarnation
-  kPrefillDone,    // a = request, b = engine, x = incarnation
-  kDecodeDone,     // a = request, b = engine, x = incarnation
+  kLifecycle,      // b = engine, x = incarnation: a lifecycle operation
+  kLifecycleEnd,   // b = engine, x = incarnation: resume / wake_up
   kRankTimer,      // b = engine, c = rank, x = incarnation
   kDeliver,        // a = message slot
   kWriteDone,      // a = write slot

@@ -1,39 +1,30 @@
 // sim_memory.h — SimMemory: one engine's registered KV memory, simulated.
 //
-// Every block carries an owner tag: the transfer whose KV it holds (or is
-// receiving) and the generation of the block's current life. A write that
-// lands in a block whose tag is not the writer's transfer and generation is
-// a violation the moment it lands — the bug that in a real system hands one
-// request's prompt to another. Content is a digest per (rank, producer
-// slot), enough to check end to end that D decodes on exactly the bytes P
-// computed for that prompt.
+// Every block carries an owner tag: the generation of the block's current
+// life and, for a block a remote load writes, the transfer. A write that
+// lands in a block whose tag is not the writer's transfer and generation —
+// or reads a P block whose life ended — is a violation the moment it
+// happens: the bug that in a real system hands one request's prompt to
+// another. Content is one digest per (block, head group): the engine's
+// emulated model (engine/model.h) makes every digest checkable.
 //
 // Thread safety: none; owned by the simulator.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "base/check.h"
-#include "base/prng.h"
-#include "base/transfer_id.h"
-#include "core/block_id.h"
+#include "engine/kv_memory.h"
+#include "engine/model.h"
 
 namespace kvrelay::sim {
 
-inline constexpr uint32_t kMaxSlots = 4;  // producers per D rank (tp <= 4)
-
-// The KV digest of block `index` of the prompt fingerprinted `prompt` as
-// P rank `p_rank` computes it: a function of the prompt, not of the
-// transfer_id, so KV of another prompt under the same id is detected.
-inline uint64_t KvDigest(uint64_t prompt, uint32_t index, uint32_t p_rank) {
-  return Mix64(prompt ^ Mix64((uint64_t{index} << 8) | p_rank));
-}
-
-class SimMemory {
+class SimMemory final : public engine::KvMemory {
  public:
-  SimMemory(uint32_t blocks, uint32_t ranks)
-      : ranks_(ranks), tags_(blocks), content_(size_t{blocks} * ranks * kMaxSlots, 0) {}
+  explicit SimMemory(uint32_t blocks)
+      : tags_(blocks), content_(size_t{blocks} * engine::kHeadGroups, 0) {}
 
   struct Tag {
     TransferId owner;
@@ -41,28 +32,48 @@ class SimMemory {
     bool set = false;
   };
 
-  void SetOwner(BlockId b, TransferId owner) {
+  // engine::KvMemory
+  void Write(BlockId b, uint32_t group, uint64_t digest) override { At(b, group) = digest; }
+  uint64_t Read(BlockId b, uint32_t group) const override {
+    return content_.at(size_t{b.index} * engine::kHeadGroups + group);
+  }
+  void OnAllocate(BlockId b, TransferId owner) override {
     tags_.at(b.index) = Tag{owner, b.generation, true};
   }
-  void ClearOwner(BlockId b) { tags_.at(b.index) = Tag{}; }
-  bool OwnedBy(BlockId b, TransferId owner) const {
+  void OnFree(BlockId b) override {
+    tags_.at(b.index) = Tag{};
+    freed_.push_back(b);
+  }
+  // Blocks freed since the last call (the simulator checks no write into
+  // them is in flight).
+  std::vector<BlockId> TakeFreed() {
+    std::vector<BlockId> out;
+    out.swap(freed_);
+    return out;
+  }
+  void OnReset() override {
+    for (Tag& t : tags_) t = Tag{};
+    std::fill(content_.begin(), content_.end(), 0);
+  }
+
+  // The block's current life is `b` (it was not freed or reused since).
+  bool Live(BlockId b) const {
     const Tag& t = tags_.at(b.index);
-    return t.set && t.owner == owner && t.generation == b.generation;
+    return t.set && t.generation == b.generation;
   }
-  bool AnyOwned() const {
-    for (const Tag& t : tags_) if (t.set) return true;
-    return false;
+  // ...and a remote load of `owner` may write it.
+  bool OwnedBy(BlockId b, TransferId owner) const {
+    return Live(b) && tags_.at(b.index).owner == owner;
   }
-  uint64_t& At(uint32_t block, uint32_t rank, uint32_t slot) {
-    KV_CHECK_LT(rank, ranks_);
-    KV_CHECK_LT(slot, kMaxSlots);
-    return content_.at((size_t{block} * ranks_ + rank) * kMaxSlots + slot);
+  uint64_t& At(BlockId b, uint32_t group) {
+    KV_CHECK_LT(group, engine::kHeadGroups);
+    return content_.at(size_t{b.index} * engine::kHeadGroups + group);
   }
 
  private:
-  uint32_t ranks_;
   std::vector<Tag> tags_;
   std::vector<uint64_t> content_;
+  std::vector<BlockId> freed_;
 };
 
 }  // namespace kvrelay::sim

@@ -23,8 +23,12 @@ SimParams DrawParams(uint64_t seed) {
   for (uint64_t i = 0; i < nd; ++i) p.d_tp.push_back(Tp(prng));
   p.max_prompt_blocks = static_cast<uint32_t>(prng.Range(1, 8));
   // Pools from "barely one prompt" (pressure) to roomy.
-  p.p_pool_blocks = p.max_prompt_blocks + static_cast<uint32_t>(prng.Uniform(40));
-  p.d_pool_blocks = p.max_prompt_blocks + static_cast<uint32_t>(prng.Uniform(40));
+  p.max_output_tokens = static_cast<uint32_t>(prng.Range(1, 8));
+  p.max_batch_tokens = static_cast<uint32_t>(prng.Range(4, 64));
+  // Pools from "barely the largest request" (pressure) to roomy.
+  const uint32_t largest = (p.max_prompt_blocks * 4 + p.max_output_tokens + 3) / 4;
+  p.p_pool_blocks = largest + static_cast<uint32_t>(prng.Uniform(40));
+  p.d_pool_blocks = largest + static_cast<uint32_t>(prng.Uniform(40));
   p.num_workers = static_cast<uint32_t>(prng.Range(1, 4));
   // Timeouts: sometimes tiny (they fire mid-transfer), sometimes vLLM's.
   switch (prng.Uniform(3)) {
@@ -51,6 +55,7 @@ SimParams DrawParams(uint64_t seed) {
   p.write_partial_pm = static_cast<uint32_t>(prng.Uniform(1001));
   p.duplicate_id_pm = prng.OneIn(3) ? Rate(prng, 150) : 0;
   p.crash_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
+  p.lifecycle_pm = prng.OneIn(2) ? Rate(prng, 150) : 0;
   p.partition_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
   p.recompute_on_failure = !prng.OneIn(3);
   p.fault_phase = Duration::Milliseconds(prng.Range(10, 3000));

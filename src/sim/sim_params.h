@@ -23,7 +23,9 @@ struct SimParams {
   Duration giveup_grace = Duration::Seconds(60);
 
   uint32_t num_requests = 20;
-  uint32_t max_prompt_blocks = 6;
+  uint32_t max_prompt_blocks = 6;      // of the "tiny" model's 4 tokens
+  uint32_t max_output_tokens = 8;
+  uint32_t max_batch_tokens = 32;     // the engines' token budget per step
   Duration arrival_gap_max = Duration::Milliseconds(20);
   Duration step_time = Duration::Milliseconds(2);
   Duration prefill_time_max = Duration::Milliseconds(50);
@@ -41,6 +43,7 @@ struct SimParams {
   uint32_t write_partial_pm = 500;      // of failed writes: garbage landed
   uint32_t duplicate_id_pm = 0;         // the router reuses a live transfer_id
   uint32_t crash_pm = 0;                // per request arrival: crash an engine
+  uint32_t lifecycle_pm = 0;            // per request arrival: a lifecycle op
   uint32_t partition_pm = 0;            // per request arrival: partition a pair
   bool recompute_on_failure = true;     // kv_load_failure_policy
   Duration fault_phase = Duration::Seconds(1);  // faults stop after this

@@ -19,8 +19,8 @@ const char* KindName(EventKind k) {
     case EventKind::kClientAbort: return "client_abort";
     case EventKind::kAbortArrive: return "abort_arrive";
     case EventKind::kEngineStep: return "engine_step";
-    case EventKind::kPrefillDone: return "prefill_done";
-    case EventKind::kDecodeDone: return "decode_done";
+    case EventKind::kLifecycle: return "lifecycle";
+    case EventKind::kLifecycleEnd: return "lifecycle_end";
     case EventKind::kRankTimer: return "rank_timer";
     case EventKind::kDeliver: return "deliver";
     case EventKind::kWriteDone: return "write_done";
@@ -36,6 +36,7 @@ const char* KindName(EventKind k) {
 Simulator::Simulator(const SimParams& params, const SimOptions& options)
     : params_(params), options_(options), prng_(Mix64(params.seed)) {
   result_.seed = params.seed;
+  KV_CHECK(engine::ModelShapeByName("tiny", &shape_));
   const uint32_t n = static_cast<uint32_t>(params_.p_tp.size() + params_.d_tp.size());
   nodes_.resize(n);
   for (uint32_t e = 0; e < n; ++e) BuildNode(e);
@@ -52,21 +53,24 @@ void Simulator::BuildNode(uint32_t e) {
   node.producer = e < np;
   node.tp = node.producer ? params_.p_tp[e] : params_.d_tp[e - np];
   const uint32_t blocks = node.producer ? params_.p_pool_blocks : params_.d_pool_blocks;
-  node.memory = std::make_unique<SimMemory>(blocks, node.tp);
-  ScriptedEngine::Config config;
-  config.engine = e;
-  config.incarnation = node.incarnation;
-  config.role = node.producer ? ConnectorRole::kProducer : ConnectorRole::kConsumer;
-  config.tp = node.tp;
-  config.pool_blocks = blocks;
-  config.recompute_on_failure = params_.recompute_on_failure;
-  config.prefill_time_max = params_.prefill_time_max;
-  config.decode_time_max = params_.decode_time_max;
-  node.engine = std::make_unique<ScriptedEngine>(config, this, node.memory.get());
+  node.memory = std::make_unique<SimMemory>(blocks);
+  engine::EngineOptions eo;
+  eo.engine_id = e;
+  eo.incarnation = node.incarnation;
+  eo.role = node.producer ? engine::Role::kProducer : engine::Role::kConsumer;
+  eo.tp = node.tp;
+  eo.shape = shape_;
+  eo.num_blocks = blocks;
+  eo.max_batch_tokens = params_.max_batch_tokens;
+  eo.load_failure_policy = params_.recompute_on_failure ? engine::LoadFailurePolicy::kRecompute
+                                                        : engine::LoadFailurePolicy::kFail;
+  eo.step_base = params_.step_time;
+  node.engine = std::make_unique<engine::Engine>(eo, node.memory.get());
+  const ConnectorRole role = node.producer ? ConnectorRole::kProducer : ConnectorRole::kConsumer;
   node.ranks.clear();
   for (uint32_t r = 0; r < node.tp; ++r) {
     RankConnectorOptions o;
-    o.role = config.role;
+    o.role = role;
     o.rank = r;
     o.tp = node.tp;
     o.send.abort_timeout = params_.abort_timeout;
@@ -152,23 +156,30 @@ SimResult Simulator::Run() {
     }
   }
   for (const Node& node : nodes_) {
+    Hit(Mark::kLoadFailedRecompute, node.engine->stats().loads_recomputed);
+    Hit(Mark::kLoadFailedError, node.engine->stats().loads_failed);
+    Hit(Mark::kPoolPressure, node.engine->stats().preemptions);
+    Hit(Mark::kPrefixHit, node.engine->stats().prefix_hits);
     for (const auto& rank : node.ranks) {
       if (const SendTable* s = rank->send_table()) {
         const SendTableStats& st = s->stats();
-        result_.coverage.Hit(Mark::kPullBeforeClaim, st.placeholders);
-        result_.coverage.Hit(Mark::kAnsweredFromTombstone, st.answered_from_tombstone);
-        result_.coverage.Hit(Mark::kWriteDoneAfterEnd, st.writes_done_after_end);
-        result_.coverage.Hit(Mark::kSendExpired, st.ends[static_cast<int>(TransferResult::kExpired)]);
-        result_.coverage.Hit(Mark::kDeadlineAtAdmission, st.deadline_at_admission);
-        result_.coverage.Hit(Mark::kDeadlineTimer, st.deadline_timer);
-        result_.coverage.Hit(Mark::kWriteFailed, st.writes_failed);
+        Hit(Mark::kPullBeforeClaim, st.placeholders);
+        Hit(Mark::kAnsweredFromTombstone, st.answered_from_tombstone);
+        Hit(Mark::kWriteDoneAfterEnd, st.writes_done_after_end);
+        Hit(Mark::kSendExpired, st.ends[static_cast<int>(TransferResult::kExpired)]);
+        Hit(Mark::kDeadlineAtAdmission, st.deadline_at_admission);
+        Hit(Mark::kDeadlineTimer, st.deadline_timer);
+        Hit(Mark::kWriteFailed, st.writes_failed);
       }
       if (const LoadTable* l = rank->load_table()) {
-        result_.coverage.Hit(Mark::kProducerGivenUp, l->stats().producers_given_up);
-        result_.coverage.Hit(Mark::kLateAnswerDropped, l->stats().late_answers);
+        Hit(Mark::kProducerGivenUp, l->stats().producers_given_up);
+        Hit(Mark::kLateAnswerDropped, l->stats().late_answers);
+        Hit(Mark::kLoadCutShort, l->stats().loads_cut_short);
+        Hit(Mark::kReleaseWhileLoading, l->stats().loads_released);
+        Hit(Mark::kReleaseBeforeAlloc, l->stats().releases_unstarted);
       }
-      result_.coverage.Hit(Mark::kReadyRefused, rank->stats().ready_refused);
-      result_.coverage.Hit(Mark::kStaleIncarnation, rank->stats().stale_incarnation);
+      Hit(Mark::kReadyRefused, rank->stats().ready_refused);
+      Hit(Mark::kStaleIncarnation, rank->stats().stale_incarnation);
     }
   }
   return result_;
@@ -186,32 +197,40 @@ void Simulator::Dispatch(const Event& ev) {
         LegEnded(ev.b, ev.a, LegOutcome::kError);  // connection to a dead process
         break;
       }
-      LegSpec leg;
-      leg.request = ev.a;
-      leg.prompt_blocks = c.blocks;
-      leg.params.transfer = c.transfer;
-      // The "prompt" of a simulated request is its blocks under its id.
-      leg.params.prompt_hash = c.prompt;
+      (node.producer ? c.p_arrived : c.d_arrived) = true;
+      engine::RequestSpec spec;
+      spec.client = ev.a;
+      spec.prompt = c.prompt;
+      spec.max_tokens = c.max_tokens;
+      spec.kv.transfer = c.transfer;
       if (node.producer) {
-        leg.params.do_remote_decode = true;
-        leg.params.remote_tp = nodes_[c.d].tp;
-        leg.remote_tp = nodes_[c.d].tp;
-        if (ConsumersPerProducer(node.tp, nodes_[c.d].tp) > 1) result_.coverage.Hit(Mark::kMultiConsumer);
+        spec.kv.do_remote_decode = true;
+        spec.kv.remote_tp = nodes_[c.d].tp;
+        if (ConsumersPerProducer(node.tp, nodes_[c.d].tp) > 1) Hit(Mark::kMultiConsumer);
       } else {
-        leg.params.do_remote_prefill = true;
-        leg.params.remote_engine = c.p;
-        leg.params.remote_tp = nodes_[c.p].tp;
-        leg.remote_tp = nodes_[c.p].tp;
-        if (nodes_[c.p].tp > node.tp) result_.coverage.Hit(Mark::kMultiProducer);
+        spec.kv.do_remote_prefill = true;
+        spec.kv.remote_engine = c.p;
+        spec.kv.remote_tp = nodes_[c.p].tp;
+        if (nodes_[c.p].tp > node.tp) Hit(Mark::kMultiProducer);
       }
-      node.engine->OnLeg(leg, now_);
+      Status s = node.engine->AddRequest(std::move(spec), now_);
+      if (!s.ok()) {
+        if (s.code() == StatusCode::kAlreadyExists) Hit(Mark::kDuplicateTransferRejected);
+        LegEnded(ev.b, ev.a, LegOutcome::kError);
+      }
+      DrainEngine(ev.b);
+      ScheduleStep(ev.b);
       break;
     }
     case EventKind::kClientAbort:
       ClientAbort(ev.a);
       break;
     case EventKind::kAbortArrive:
-      if (ev.x == nodes_[ev.b].incarnation) nodes_[ev.b].engine->OnAbort(ev.a, now_);
+      if (ev.x == nodes_[ev.b].incarnation) {
+        nodes_[ev.b].engine->AbortRequest(ev.a);
+        DrainEngine(ev.b);
+        ScheduleStep(ev.b);
+      }
       break;
     case EventKind::kEngineStep: {
       Node& node = nodes_[ev.b];
@@ -219,14 +238,23 @@ void Simulator::Dispatch(const Event& ev) {
       node.step_scheduled = false;
       std::vector<RankReport> reports;
       for (auto& rank : node.ranks) reports.push_back(rank->GetFinished());
-      node.engine->Step(std::move(reports), now_);
+      const Duration spent = node.engine->Step(reports, now_);
+      DrainEngine(ev.b);
+      bool more = node.engine->HasWork();
+      for (auto& rank : node.ranks) more = more || rank->HasReport();
+      if (more) ScheduleStep(ev.b, spent);
       break;
     }
-    case EventKind::kPrefillDone:
-      if (ev.x == nodes_[ev.b].incarnation) nodes_[ev.b].engine->OnPrefillDone(ev.a, now_);
+    case EventKind::kLifecycle:
+      if (ev.x == nodes_[ev.b].incarnation) StartOp(ev.b);
       break;
-    case EventKind::kDecodeDone:
-      if (ev.x == nodes_[ev.b].incarnation) nodes_[ev.b].engine->OnDecodeDone(ev.a, now_);
+    case EventKind::kLifecycleEnd:
+      if (ev.x == nodes_[ev.b].incarnation) {
+        nodes_[ev.b].engine->Resume();
+        nodes_[ev.b].engine->WakeUp();
+        DrainEngine(ev.b);
+        ScheduleStep(ev.b);
+      }
       break;
     case EventKind::kRankTimer: {
       Node& node = nodes_[ev.b];
@@ -251,6 +279,7 @@ void Simulator::Dispatch(const Event& ev) {
     case EventKind::kFaultsEnd:
       faults_over_ = true;
       partitions_.clear();
+      EndOps();
       break;
   }
 }
@@ -265,19 +294,57 @@ void Simulator::ApplyToRanks(uint32_t engine, const ConnectorMetadata& meta) {
   }
 }
 
-void Simulator::ScheduleWork(uint32_t engine, uint32_t request, bool prefill,
-                             Duration delay) {
-  queue_.Push(Event{now_ + delay, 0,
-                    prefill ? EventKind::kPrefillDone : EventKind::kDecodeDone,
-                    request, engine, 0, nodes_[engine].incarnation});
-}
-
-void Simulator::ScheduleStep(uint32_t engine) {
+void Simulator::ScheduleStep(uint32_t engine, Duration after) {
   Node& node = nodes_[engine];
   if (node.step_scheduled) return;
   node.step_scheduled = true;
-  queue_.Push(Event{now_ + params_.step_time, 0, EventKind::kEngineStep, 0, engine, 0,
-                    node.incarnation});
+  queue_.Push(Event{now_ + std::max(after, params_.step_time), 0, EventKind::kEngineStep, 0,
+                    engine, 0, node.incarnation});
+}
+
+// Moves the engine's actions into the world: tokens and finished legs to
+// clients, metadata to the ranks, operation results to the record.
+void Simulator::DrainEngine(uint32_t e) {
+  Node& node = nodes_[e];
+  while (auto a = node.engine->PollAction()) {
+    if (options_.trace) TraceAction(e, *a);
+    if (auto* t = std::get_if<engine::TokenOut>(&*a)) {
+      Client& c = clients_[t->client];
+      (node.producer ? c.p_tokens : c.d_tokens).push_back(*t);
+    } else if (auto* d = std::get_if<engine::RequestDone>(&*a)) {
+      const bool p_leg = node.producer;
+      if (d->reason == engine::FinishReason::kLength) CheckTokens(static_cast<uint32_t>(d->client), p_leg);
+      LegEnded(e, static_cast<uint32_t>(d->client),
+               d->reason == engine::FinishReason::kLength  ? LegOutcome::kOk
+               : d->reason == engine::FinishReason::kError ? LegOutcome::kError
+                                                           : LegOutcome::kAborted);
+    } else if (auto* m = std::get_if<engine::MetadataOut>(&*a)) {
+      ApplyToRanks(e, m->meta);
+    } else if (auto* op = std::get_if<engine::OpDone>(&*a)) {
+      ++result_.ops;
+      if (!op->ok) ++result_.ops_failed;
+    }
+  }
+  BlocksFreedCheck(e);
+}
+
+// Every token a leg produced is what the model gives for its prompt, under
+// the weights version it reports (invariant 8), and a finished leg produced
+// all its tokens.
+void Simulator::CheckTokens(uint32_t request, bool p_leg) {
+  const Client& c = clients_[request];
+  const auto& tokens = p_leg ? c.p_tokens : c.d_tokens;
+  const std::string why = engine::CheckOutput(c.prompt, tokens, shape_);
+  if (!why.empty()) {
+    Violation("request " + std::to_string(request) + (p_leg ? " (P leg)" : " (D leg)") +
+              ": " + why);
+    return;
+  }
+  const size_t want = p_leg ? 1 : c.max_tokens;
+  if (tokens.size() != want) {
+    Violation("request " + std::to_string(request) + " finished with " +
+              std::to_string(tokens.size()) + " tokens, wanted " + std::to_string(want));
+  }
 }
 
 void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) {
@@ -297,7 +364,9 @@ void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) 
   }
 }
 
-void Simulator::BlocksFreed(uint32_t engine, std::span<const BlockId> blocks) {
+void Simulator::BlocksFreedCheck(uint32_t engine) {
+  const std::vector<BlockId> blocks = nodes_[engine].memory->TakeFreed();
+  if (blocks.empty()) return;
   for (const Write& w : writes_) {
     // A write whose process died never lands (FinishWrite drops it): the
     // transports guarantee that (shm: the writer is gone; tcp: D's own
@@ -400,7 +469,7 @@ void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
   const uint64_t conn = ConnKey(e, r, te, tr);
   if (faults_on() && prng_.Chance(params_.conn_drop_pm, 1000)) {
     ++conn_epoch_[conn];  // everything in flight on it is lost, both ways
-    result_.coverage.Hit(Mark::kConnectionDropped);
+    Hit(Mark::kConnectionDropped);
     return;
   }
   if (Partitioned(e, te)) return;
@@ -499,7 +568,7 @@ void Simulator::FinishWrite(uint32_t slot) {
   if (p.incarnation != wr.p_incarnation) return;  // the writer's process died
   const TransferId t = wr.w.transfer;
   for (const BlockId& b : wr.w.src) {
-    if (!p.memory->OwnedBy(b, t)) {
+    if (!p.memory->Live(b)) {
       Violation("P block " + b.ToString() + " of transfer " + t.ToString() +
                 " was freed or reused while a write read it");
       return;
@@ -509,10 +578,12 @@ void Simulator::FinishWrite(uint32_t slot) {
   const bool reachable =
       d.incarnation == wr.d_incarnation && !Partitioned(wr.p_engine, wr.d_engine);
   if (reachable && (!wr.fail || wr.garbage)) {
-    std::vector<uint32_t> ps = ProducerRanksFor(wr.d_rank, d.tp, p.tp);
-    auto k = std::find(ps.begin(), ps.end(), wr.p_rank);
-    KV_CHECK(k != ps.end());
-    const uint32_t kslot = static_cast<uint32_t>(k - ps.begin());
+    // P rank p writes the head groups it shares with D rank r.
+    const uint32_t G = engine::kHeadGroups;
+    const uint32_t p_lo = wr.p_rank * G / p.tp, p_hi = (wr.p_rank + 1) * G / p.tp;
+    const uint32_t d_lo = wr.d_rank * G / d.tp, d_hi = (wr.d_rank + 1) * G / d.tp;
+    const uint32_t lo = std::max(p_lo, d_lo), hi = std::min(p_hi, d_hi);
+    KV_CHECK_LT(lo, hi);
     for (size_t i = 0; i < wr.w.dst.size(); ++i) {
       const BlockId dst = wr.w.dst[i];
       if (!d.memory->OwnedBy(dst, t)) {
@@ -520,8 +591,9 @@ void Simulator::FinishWrite(uint32_t slot) {
                   dst.ToString() + ", which that transfer does not own");
         return;
       }
-      d.memory->At(dst.index, wr.d_rank, kslot) =
-          wr.garbage ? prng_.Next64() : p.memory->At(wr.w.src[i].index, wr.p_rank, 0);
+      for (uint32_t g = lo; g < hi; ++g) {
+        d.memory->At(dst, g) = wr.garbage ? prng_.Next64() : p.memory->At(wr.w.src[i], g);
+      }
     }
   }
   p.ranks[wr.p_rank]->OnWriteDone(wr.w.write, reachable && !wr.fail, now_);
@@ -536,8 +608,19 @@ void Simulator::ClientArrive(uint32_t i) {
   const uint32_t nd = static_cast<uint32_t>(params_.d_tp.size());
   c.p = static_cast<uint32_t>(prng_.Uniform(np));
   c.d = np + static_cast<uint32_t>(prng_.Uniform(nd));
-  c.blocks = static_cast<uint32_t>(prng_.Range(1, params_.max_prompt_blocks));
-  c.prompt = prng_.Next64() | 1;
+  const uint32_t len = static_cast<uint32_t>(
+      prng_.Range(1, params_.max_prompt_blocks * shape_.block_tokens));
+  // Prompts share prefixes now and then, so the prefix cache is exercised.
+  if (i > 0 && prng_.OneIn(4)) {
+    const Client& other = clients_[prng_.Uniform(i)];
+    c.prompt.assign(other.prompt.begin(),
+                    other.prompt.begin() + std::min<size_t>(other.prompt.size(), len));
+  }
+  while (c.prompt.size() < len) {
+    c.prompt.push_back(static_cast<engine::Token>(prng_.Uniform(shape_.vocab)));
+  }
+  c.max_tokens = static_cast<uint32_t>(prng_.Range(1, params_.max_output_tokens));
+
   // Now and then two routers pick the same transfer_id (or one router has a
   // bug): it collides with a recent, likely live request on the same P.
   if (i > 0 && prng_.Chance(params_.duplicate_id_pm, 1000)) {
@@ -601,24 +684,76 @@ void Simulator::MaybeInjectFault() {
     const uint32_t p = static_cast<uint32_t>(prng_.Uniform(np));
     const uint32_t d = np + static_cast<uint32_t>(prng_.Uniform(n - np));
     if (partitions_.emplace(std::make_pair(p, d), now_).second) {
-      result_.coverage.Hit(Mark::kPartition);
+      Hit(Mark::kPartition);
       queue_.Push(Event{now_ + Duration::Milliseconds(prng_.Range(1, 200)), 0,
                         EventKind::kHeal, 0, p, d});
     }
   }
-  if (prng_.OneIn(40)) {
-    nodes_[prng_.Uniform(n)].engine->AbortTransfers();
+  if (prng_.Chance(params_.lifecycle_pm, 1000)) {
+    const uint32_t e = static_cast<uint32_t>(prng_.Uniform(n));
+    queue_.Push(Event{now_ + Duration::Microseconds(prng_.Range(1, 20000)), 0,
+                      EventKind::kLifecycle, 0, e, 0, nodes_[e].incarnation});
   }
 }
 
 void Simulator::Crash(uint32_t e) {
   if (faults_over_) return;
-  result_.coverage.Hit(Mark::kCrash);
+  Hit(Mark::kCrash);
   Node& node = nodes_[e];
-  node.engine->Crash();
+  // Every leg on the dead process ends with an error for its client.
+  for (uint32_t i = 0; i < clients_.size(); ++i) {
+    const Client& c = clients_[i];
+    if (c.p == e && !c.p_ended && c.p_arrived) LegEnded(e, i, LegOutcome::kError);
+    if (c.d == e && !c.d_ended && c.d_arrived) LegEnded(e, i, LegOutcome::kError);
+  }
   ++node.incarnation;
   BuildNode(e);
   Handshake(e);
+}
+
+// A random lifecycle operation on engine `e`, and (for the ones that leave
+// it paused or asleep) a resume / wake_up a little later — sometimes before
+// the operation finished, which must fail it cleanly.
+void Simulator::StartOp(uint32_t e) {
+  engine::Engine& eng = *nodes_[e].engine;
+  const auto mode = static_cast<engine::PauseMode>(prng_.Uniform(3));
+  bool needs_end = true;
+  const uint64_t pick = prng_.Uniform(8);
+  if (options_.trace) {
+    static const char* kNames[] = {"pause",        "sleep",         "release_kv_cache_memory",
+                                   "reset_prefix", "update_weights", "abort_requests(all)",
+                                   "pause(keep)",  "pause(keep)"};
+    std::printf("  op on engine %u: %s mode=%d\n", e, kNames[pick], static_cast<int>(mode));
+  }
+  switch (pick) {
+    case 0: eng.Pause(mode, prng_.OneIn(2)); Hit(Mark::kOpPause); break;
+    case 1: eng.Sleep(static_cast<uint32_t>(prng_.Uniform(3)), mode); Hit(Mark::kOpSleep); break;
+    case 2: eng.ReleaseKvCacheMemory(); Hit(Mark::kOpReleaseKv); break;
+    case 3: eng.ResetPrefixCache(prng_.OneIn(2)); needs_end = false; break;
+    case 4:
+      eng.UpdateWeights(next_weights_++, mode);
+      Hit(Mark::kOpUpdateWeights);
+      needs_end = false;
+      break;
+    case 5: eng.AbortRequests({}, true); needs_end = false; break;
+    default: eng.Pause(engine::PauseMode::kKeep, false); Hit(Mark::kOpPause); break;
+  }
+  DrainEngine(e);
+  ScheduleStep(e);
+  if (needs_end) {
+    queue_.Push(Event{now_ + Duration::Microseconds(prng_.Range(1, 200000)), 0,
+                      EventKind::kLifecycleEnd, 0, e, 0, nodes_[e].incarnation});
+  }
+}
+
+// When faults stop, every engine is resumed and woken.
+void Simulator::EndOps() {
+  for (uint32_t e = 0; e < nodes_.size(); ++e) {
+    nodes_[e].engine->Resume();
+    nodes_[e].engine->WakeUp();
+    DrainEngine(e);
+    ScheduleStep(e);
+  }
 }
 
 // --- checks ----------------------------------------------------------------
@@ -645,7 +780,9 @@ void Simulator::CheckDrained() {
     const std::string name = "engine " + std::to_string(e);
     if (!node.engine->Idle()) Violation(name + " not idle at the end");
     if (node.engine->pool().num_referenced() != 0) Violation(name + " leaked blocks");
-    if (node.memory->AnyOwned()) Violation(name + " memory still tagged");
+    if (node.engine->state() != engine::EngineState::kActive) {
+      Violation(name + " not active at the end");
+    }
     for (const auto& rank : node.ranks) {
       if (const SendTable* s = rank->send_table()) {
         if (s->live_sends() != 0 || s->live_pull_items() != 0 || s->writes_in_flight() != 0) {
@@ -670,6 +807,28 @@ void Simulator::CheckDrained() {
                 " at t=" + at + " s was never answered");
       return;
     }
+  }
+}
+
+void Simulator::TraceAction(uint32_t e, const engine::EngineAction& a) {
+  if (auto* t = std::get_if<engine::TokenOut>(&a)) {
+    std::printf("  engine %u: request %llu token %u (weights v%llu)\n", e,
+                static_cast<unsigned long long>(t->client), t->token,
+                static_cast<unsigned long long>(t->weights_version));
+  } else if (auto* d = std::get_if<engine::RequestDone>(&a)) {
+    std::printf("  engine %u: request %llu done (%d) %s\n", e,
+                static_cast<unsigned long long>(d->client), static_cast<int>(d->reason),
+                d->error.c_str());
+  } else if (auto* m = std::get_if<engine::MetadataOut>(&a)) {
+    for (const auto& c : m->meta.claims) std::printf("  engine %u: claim %s\n", e, c.transfer.ToString().c_str());
+    for (const auto& c : m->meta.readies) std::printf("  engine %u: ready %s (%zu blocks)\n", e, c.transfer.ToString().c_str(), c.blocks.size());
+    for (const auto& c : m->meta.aborts) std::printf("  engine %u: abort send %s\n", e, c.transfer.ToString().c_str());
+    for (const auto& c : m->meta.loads) std::printf("  engine %u: load %s (%zu blocks)\n", e, c.transfer.ToString().c_str(), c.dst.size());
+    for (const auto& c : m->meta.releases) std::printf("  engine %u: release load of %s\n", e, c.request.ToString().c_str());
+    if (m->meta.abort_all) std::printf("  engine %u: abort_transfers\n", e);
+  } else if (auto* o = std::get_if<engine::OpDone>(&a)) {
+    std::printf("  engine %u: op %llu done ok=%d %s\n", e,
+                static_cast<unsigned long long>(o->op), o->ok, o->detail.c_str());
   }
 }
 

@@ -8,10 +8,12 @@
 // from its seed. This is that, for KV hand-off. One thread; an event queue
 // ordered by (time, sequence); time jumps to the next event.
 //
-// The world: 1–3 P and 1–3 D engines with 1–4 ranks each (ScriptedEngine
-// + one RankConnector per rank — the real core), clients that send P and D
+// The world: 1–3 P and 1–3 D engines with 1, 2 or 4 ranks each (the real
+// engine::Engine + one RankConnector per rank), clients that send P and D
 // legs at once (so D's pull may beat P's prefill) and abort or disconnect at
-// any moment, a router rule (a failed P leg makes D release at once), and:
+// any moment, lifecycle operations (pause, sleep, cache resets, weight
+// updates) at random moments, a router rule (a failed leg makes the other
+// release at once), and:
 //
 //   SimNetwork  per-connection FIFO with delay and jitter; a connection drop
 //               loses everything in flight on it (both directions);
@@ -49,7 +51,7 @@
 #include "core/rank_connector.h"
 #include "sim/coverage.h"
 #include "sim/event_queue.h"
-#include "sim/scripted_engine.h"
+#include "engine/engine.h"
 #include "sim/sim_memory.h"
 #include "sim/sim_params.h"
 
@@ -63,6 +65,7 @@ struct SimResult {
   uint64_t trace_hash = 0;
   Instant end_time;
   uint32_t requests_ok = 0, requests_error = 0, requests_aborted = 0;
+  uint32_t ops = 0, ops_failed = 0;
   Coverage coverage;
 };
 
@@ -70,30 +73,33 @@ struct SimOptions {
   bool trace = false;   // print one line per event to stdout
 };
 
-class Simulator final : public EngineHost {
+// How a leg ended, as its client sees it.
+enum class LegOutcome : uint8_t { kOk, kError, kAborted };
+
+class Simulator {
  public:
   Simulator(const SimParams& params, const SimOptions& options);
-  ~Simulator() override;
+  ~Simulator();
   SimResult Run();
 
-  // EngineHost
-  void ApplyToRanks(uint32_t engine, const ConnectorMetadata& meta) override;
-  void ScheduleWork(uint32_t engine, uint32_t request, bool prefill,
-                    Duration delay) override;
-  void ScheduleStep(uint32_t engine) override;
-  void LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) override;
-  void BlocksFreed(uint32_t engine, std::span<const BlockId> blocks) override;
-  void Violation(const std::string& what) override;
-  void Hit(Mark m) override { result_.coverage.Hit(m); }
-  Prng& prng() override { return prng_; }
-
  private:
+  void ApplyToRanks(uint32_t engine, const ConnectorMetadata& meta);
+  void ScheduleStep(uint32_t engine, Duration after = Duration::Zero());
+  void DrainEngine(uint32_t engine);
+  void LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome);
+  void CheckTokens(uint32_t request, bool p_leg);
+  void Violation(const std::string& what);
+  void Hit(Mark m, uint64_t n = 1) { result_.coverage.Hit(m, n); }
+  void StartOp(uint32_t engine);
+  void EndOps();
+
   struct Node {
     bool producer = true;
     uint32_t tp = 1;
     uint32_t incarnation = 1;
     std::unique_ptr<SimMemory> memory;
-    std::unique_ptr<ScriptedEngine> engine;
+    std::unique_ptr<engine::Engine> engine;
+    std::map<uint64_t, uint32_t> client_of;   // engine request id → client
     std::vector<std::unique_ptr<RankConnector>> ranks;
     std::vector<std::optional<Instant>> timer_at;   // per rank
     bool step_scheduled = false;
@@ -101,11 +107,13 @@ class Simulator final : public EngineHost {
   struct Client {
     TransferId transfer;
     uint32_t p = 0, d = 0;
-    uint32_t blocks = 1;
-    uint64_t prompt = 0;      // fingerprint of this request's prompt
+    std::vector<engine::Token> prompt;
+    uint32_t max_tokens = 1;
+    std::vector<engine::TokenOut> p_tokens, d_tokens;
     bool p_ended = false, d_ended = false;
     std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
     bool abort_sent = false;
+    bool p_arrived = false, d_arrived = false;
     Instant p_last, d_last;   // last client→engine delivery, per leg (FIFO)
   };
   struct InFlightMessage {
@@ -134,6 +142,7 @@ class Simulator final : public EngineHost {
   void FinishWrite(uint32_t slot);
   void ClientArrive(uint32_t request);
   void ClientAbort(uint32_t request);
+  void BlocksFreedCheck(uint32_t engine);
   void SendAbort(uint32_t request, uint32_t engine, Duration extra = Duration::Zero());
   Duration NetDelay();
   void Crash(uint32_t e);
@@ -143,6 +152,7 @@ class Simulator final : public EngineHost {
   void CheckAll();
   void CheckDrained();
   void Trace(const Event& ev);
+  void TraceAction(uint32_t e, const engine::EngineAction& a);
   bool faults_on() const { return !faults_over_; }
 
   const SimParams params_;
@@ -167,6 +177,8 @@ class Simulator final : public EngineHost {
   };
   std::unordered_map<uint64_t, PullRecord> pull_answers_;
   bool faults_over_ = false;
+  engine::ModelShape shape_;
+  uint64_t next_weights_ = 2;
   SimResult result_;
 };
 

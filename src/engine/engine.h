@@ -1,0 +1,267 @@
+// engine.h — Engine: the emulated serving engine that P and D both run.
+//
+// Theory of operation
+// -------------------
+// A scheduler with continuous batching under a token budget: each step
+// first advances running requests (chunked prefill, then one token per
+// decode), preempting the newest running request (recompute) when the pool
+// runs out of blocks, then admits waiting requests in arrival order, using
+// the prefix cache (blocks keyed by the hash chain of tokens and the weights
+// version). A request's KV lives in blocks of the engine's BlockPool and is
+// written to and read from KvMemory, so the next token depends on the KV
+// actually present (model.h).
+//
+// Roles: a producer runs the prompt of a `do_remote_decode` request, emits
+// its first token and hands its blocks to the connector (held until every D
+// rank pulled them); a consumer loads a `do_remote_prefill` request's KV
+// from its producer, then decodes; `both` serves either; `plain` transfers
+// nothing (the reference engine).
+//
+// Lifecycle operations (lifecycle.cc) are queued and run at the start of a
+// step, one at a time. Every operation that resets the cache goes through
+// one path, ProgressControl():
+//   quiesce (abort | wait for in-flight requests to finish | keep: freeze)
+//   → preempt every request that holds KV (it recomputes later, in queue
+//     order) and call the connector's abort_transfers() once
+//   → wait until transfers have given every block back (cut-short loads
+//     are kept as failed loads with 0 computed tokens)
+//   → reset the pool, then pause / sleep / release / load new weights.
+// Keep pauses without a reset do not wait for exports. resume() fails a
+// reset still pending. reset_prefix_cache never raises.
+//
+// Effects leave as actions (PollAction); time enters as `now`; the engine
+// reads no clock and performs no I/O beyond the injected KvMemory.
+//
+// Ownership and threading: owned by the engine actor; one thread.
+// Invariants (CheckInvariants): blocks referenced by requests = blocks the
+// pool counts referenced (the prefix cache holds the rest); every request is
+// in exactly one queue matching its phase.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "core/block_pool.h"
+#include "core/connector_scheduler.h"
+#include "engine/kv_memory.h"
+#include "engine/model.h"
+
+namespace kvrelay::engine {
+
+enum class Role : uint8_t { kProducer, kConsumer, kBoth, kPlain };
+enum class FinishReason : uint8_t { kLength, kAborted, kError };
+enum class LoadFailurePolicy : uint8_t { kRecompute, kFail };
+enum class PauseMode : uint8_t { kAbort, kWait, kKeep };
+enum class EngineState : uint8_t { kActive, kPaused, kSleeping, kKvReleased };
+
+struct EngineOptions {
+  uint32_t engine_id = 0;
+  uint32_t incarnation = 1;
+  Role role = Role::kPlain;
+  uint32_t tp = 1;
+  ModelShape shape;
+  uint32_t num_blocks = 64;
+  uint32_t max_batch_tokens = 64;
+  uint32_t max_running = 32;
+  uint32_t max_waiting = 4096;
+  LoadFailurePolicy load_failure_policy = LoadFailurePolicy::kRecompute;
+  uint64_t weights_version = 1;
+  bool prefix_caching = true;
+  Duration step_base = Duration::Microseconds(500);
+  Duration step_per_token = Duration::Microseconds(20);
+};
+
+struct RequestSpec {
+  uint64_t client = 0;           // the driver's id, unique per engine life
+  std::vector<Token> prompt;
+  uint32_t max_tokens = 16;
+  KvTransferParams kv;
+};
+
+// --- actions ---------------------------------------------------------------
+struct TokenOut {
+  uint64_t client = 0;
+  Token token = 0;
+  uint64_t weights_version = 0;  // the weights this token was computed with
+};
+struct RequestDone {
+  uint64_t client = 0;
+  FinishReason reason = FinishReason::kLength;
+  std::string error;
+};
+struct MetadataOut {
+  ConnectorMetadata meta;
+};
+struct OpDone {
+  uint64_t op = 0;
+  bool ok = false;
+  std::string detail;
+};
+using EngineAction = std::variant<TokenOut, RequestDone, MetadataOut, OpDone>;
+
+struct EngineSnapshot {
+  EngineState state = EngineState::kActive;
+  bool sleeping = false;
+  uint64_t weights_version = 0;
+  size_t waiting = 0, running = 0, loading = 0, held = 0, releasing = 0;
+  size_t blocks_used = 0, blocks_free = 0, blocks_cached = 0;
+  size_t pending_ops = 0;
+};
+
+class Engine {
+ public:
+  Engine(const EngineOptions& options, KvMemory* memory);
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Requests. Errors: kInvalidArgument (empty prompt, max_tokens 0, longer
+  // than the context, params the role cannot serve), kAlreadyExists
+  // (client id or live transfer_id), kResourceExhausted (waiting queue).
+  Status AddRequest(RequestSpec spec, Instant now);
+  // The client went away: the request finishes as aborted.
+  void AbortRequest(uint64_t client);
+
+  // Lifecycle operations; each completes with an OpDone carrying its id.
+  uint64_t AbortRequests(std::vector<uint64_t> clients, bool all);
+  uint64_t Pause(PauseMode mode, bool clear_cache);
+  uint64_t Resume();
+  uint64_t Sleep(uint32_t level, PauseMode mode);
+  uint64_t WakeUp();
+  uint64_t ReleaseKvCacheMemory();
+  uint64_t ResetPrefixCache(bool reset_running_requests);
+  uint64_t UpdateWeights(uint64_t version, PauseMode mode);
+  bool IsSleeping() const { return state_ == EngineState::kSleeping; }
+  EngineSnapshot Snapshot() const;
+
+  // One step: rank reports, lifecycle, scheduling, metadata. Returns the
+  // modelled duration of the compute it did (zero if none).
+  Duration Step(std::span<const RankReport> reports, Instant now);
+  // True if a step now would do something (requests to run, an operation
+  // in progress).
+  bool HasWork() const { return dirty_; }
+  // No requests and no operations: everything drained.
+  bool Idle() const { return requests_.empty() && ops_.empty(); }
+
+  std::optional<EngineAction> PollAction();
+  const BlockPool& pool() const { return pool_; }
+  const ConnectorScheduler& connector() const { return connector_; }
+  EngineState state() const { return state_; }
+  uint64_t weights_version() const { return weights_; }
+  void CheckInvariants() const;
+
+ private:
+  enum class Phase : uint8_t {
+    kWaiting,        // queued for blocks / compute (incl. preempted)
+    kWaitingRemote,  // D: blocks allocated, load in flight
+    kRunning,        // computing (prefill chunks, then decode)
+    kHeld,           // P: finished; the transfer holds the blocks
+    kReleasing,      // D: finished while loading; blocks held until answers
+  };
+  struct Request {
+    uint64_t client = 0;
+    RequestId id;
+    uint64_t arrival = 0;          // admission order, for queue order
+    std::vector<Token> seq;        // prompt then generated tokens
+    uint32_t prompt_len = 0;
+    uint32_t max_tokens = 0;
+    uint32_t generated = 0;
+    uint32_t computed = 0;         // tokens whose KV is in `blocks`
+    std::vector<BlockId> blocks;
+    KvTransferParams kv;
+    bool remote_prefill = false;   // D: still to load from P
+    bool remote_decode = false;    // P: hand over after the first token
+    Phase phase = Phase::kWaiting;
+  };
+
+  enum class OpKind : uint8_t {
+    kAbortRequests, kPause, kSleep, kWake, kReleaseKv, kResetPrefix, kUpdateWeights
+  };
+  enum class OpStage : uint8_t { kQuiesce, kDrain, kRelease, kWaitBlocks };
+  struct ControlOp {
+    uint64_t id = 0;
+    OpKind kind = OpKind::kPause;
+    PauseMode mode = PauseMode::kKeep;
+    bool clear_cache = false;
+    uint32_t level = 0;
+    bool reset_running = false;
+    uint64_t version = 0;
+    std::vector<uint64_t> clients;
+    bool all = false;
+    OpStage stage = OpStage::kQuiesce;
+  };
+
+  // requests (engine.cc)
+  void ApplyFinished(const EngineFinished& f);
+  void Finish(Request& r, FinishReason reason, const std::string& error = "");
+  void AbortOne(Request& r);
+  void FreeBlocks(Request& r);
+  void DropKv(Request& r);   // preempt: free KV, 0 computed, back to waiting
+  void Requeue(uint64_t client);
+  void Erase(uint64_t client);
+  Request* Find(RequestId id);
+  uint64_t Fingerprint(const Request& r) const;
+  // scheduling (schedule.cc)
+  uint32_t Schedule();
+  bool AdmitWaiting(uint32_t* budget);
+  bool AdvanceRunning(Request& r, uint32_t* budget);
+  bool EnsureBlocks(Request& r, uint32_t tokens);
+  void WriteKv(Request& r, uint32_t upto);
+  Token Generate(Request& r);
+  bool PreemptNewestExcept(uint64_t keep);
+  bool SchedulingAllowed() const;
+  bool AdmissionAllowed() const;
+  // lifecycle (lifecycle.cc)
+  uint64_t Enqueue(ControlOp op);
+  void ProgressControl();
+  bool Quiesce(ControlOp& op);
+  bool NeedsReset(const ControlOp& op) const;
+  void FinishOp(ControlOp& op);
+  void Done(uint64_t op, bool ok, std::string detail = "");
+
+  const EngineOptions options_;
+  KvMemory* const memory_;
+  BlockPool pool_;
+  ConnectorScheduler connector_;
+  uint64_t weights_;
+  bool weights_loaded_ = true;
+  EngineState state_ = EngineState::kActive;
+  bool frozen_ = false;      // quiesced by an operation in progress
+  bool draining_ = false;    // a wait-mode operation: admit nothing new
+  std::map<uint64_t, Request> requests_;
+  std::deque<uint64_t> waiting_;
+  std::vector<uint64_t> running_;
+  std::deque<ControlOp> ops_;
+  uint64_t next_op_ = 1;
+  uint64_t next_arrival_ = 1;
+  uint32_t next_slot_ = 0;
+  std::deque<EngineAction> actions_;
+  bool dirty_ = false;       // an input or the last step changed something
+  bool resetting_ = false;   // a cache reset released transfers, not done
+  bool kv_discarded_ = false;  // sleep >= 1 / release: wake re-registers
+  uint64_t drain_mark_ = 0;  // wait-mode drains cover arrivals <= this
+  struct Stats {
+    uint64_t preemptions = 0;
+    uint64_t loads_recomputed = 0;
+    uint64_t loads_failed = 0;
+    uint64_t prefix_hits = 0;
+  } stats_;
+
+ public:
+  const Stats& stats() const { return stats_; }
+};
+
+// Checks one request's output: token k must be what the model gives at its
+// position, from the KV of the prompt and the earlier tokens under the
+// weights version token k reports. Empty string if all match, else why.
+std::string CheckOutput(std::span<const Token> prompt, std::span<const TokenOut> tokens,
+                        const ModelShape& shape);
+
+}  // namespace kvrelay::engine

@@ -1,0 +1,270 @@
+// lifecycle.cc — the engine's operations: abort_requests, pause, resume,
+// sleep, wake_up, release_kv_cache_memory, reset_prefix_cache,
+// update_weights.
+//
+// Why one path: every operation that resets the cache must get every block
+// back, including blocks that remote transfers hold (P: finished requests'
+// KV not yet pulled; D: loads in flight). vLLM's cache resets failed on D
+// exactly there. So they all go through ProgressControl's stages:
+//
+//   kQuiesce    abort: abort everything; keep: freeze; wait: → kDrain
+//   kDrain      run until the requests that arrived before the call are
+//               done (new ones wait), then freeze
+//   kRelease    preempt every request holding KV (it recomputes later, in
+//               arrival order) and call abort_transfers() once
+//   kWaitBlocks wait until the pool has every block back (cut-short loads
+//               come back as failed loads and wait to recompute), then
+//               reset the pool and finish the operation
+//
+// Operations queue and run one at a time, at the start of engine steps.
+#include <algorithm>
+
+#include "base/check.h"
+#include "engine/engine.h"
+
+namespace kvrelay::engine {
+
+namespace {
+constexpr size_t kMaxPendingOps = 64;
+}  // namespace
+
+uint64_t Engine::Enqueue(ControlOp op) {
+  op.id = next_op_++;
+  dirty_ = true;
+  if (ops_.size() >= kMaxPendingOps) {
+    Done(op.id, false, "too many operations pending");
+    return op.id;
+  }
+  ops_.push_back(std::move(op));
+  return ops_.back().id;
+}
+
+uint64_t Engine::AbortRequests(std::vector<uint64_t> clients, bool all) {
+  ControlOp op;
+  op.kind = OpKind::kAbortRequests;
+  op.clients = std::move(clients);
+  op.all = all;
+  return Enqueue(std::move(op));
+}
+
+uint64_t Engine::Pause(PauseMode mode, bool clear_cache) {
+  ControlOp op;
+  op.kind = OpKind::kPause;
+  op.mode = mode;
+  op.clear_cache = clear_cache;
+  return Enqueue(std::move(op));
+}
+
+uint64_t Engine::Sleep(uint32_t level, PauseMode mode) {
+  ControlOp op;
+  op.kind = OpKind::kSleep;
+  op.level = std::min<uint32_t>(level, 2);
+  op.mode = mode == PauseMode::kKeep ? PauseMode::kWait : mode;
+  return Enqueue(std::move(op));
+}
+
+uint64_t Engine::WakeUp() {
+  ControlOp op;
+  op.kind = OpKind::kWake;
+  return Enqueue(std::move(op));
+}
+
+uint64_t Engine::ReleaseKvCacheMemory() {
+  ControlOp op;
+  op.kind = OpKind::kReleaseKv;
+  op.mode = PauseMode::kKeep;
+  return Enqueue(std::move(op));
+}
+
+uint64_t Engine::ResetPrefixCache(bool reset_running_requests) {
+  ControlOp op;
+  op.kind = OpKind::kResetPrefix;
+  op.reset_running = reset_running_requests;
+  return Enqueue(std::move(op));
+}
+
+uint64_t Engine::UpdateWeights(uint64_t version, PauseMode mode) {
+  ControlOp op;
+  op.kind = OpKind::kUpdateWeights;
+  op.version = version;
+  op.mode = mode;
+  return Enqueue(std::move(op));
+}
+
+// Resume acts at once: it fails every operation still on its way to a
+// pause, sleep or cache reset — in progress or queued behind others — and
+// lets the engine run again. Other queued operations keep their turn.
+uint64_t Engine::Resume() {
+  const uint64_t id = next_op_++;
+  dirty_ = true;
+  std::deque<ControlOp> kept;
+  for (ControlOp& op : ops_) {
+    const bool quiescing = op.kind == OpKind::kPause || op.kind == OpKind::kSleep ||
+                           op.kind == OpKind::kReleaseKv || op.kind == OpKind::kUpdateWeights;
+    if (quiescing) {
+      Done(op.id, false, "cancelled by resume");
+    } else {
+      kept.push_back(std::move(op));
+    }
+  }
+  ops_.swap(kept);
+  frozen_ = false;
+  draining_ = false;
+  resetting_ = false;
+  if (state_ == EngineState::kPaused) state_ = EngineState::kActive;
+  Done(id, true);
+  return id;
+}
+
+bool Engine::NeedsReset(const ControlOp& op) const {
+  switch (op.kind) {
+    case OpKind::kPause: return op.clear_cache;
+    case OpKind::kSleep: return op.level >= 1;
+    case OpKind::kReleaseKv:
+    case OpKind::kUpdateWeights: return true;
+    default: return false;
+  }
+}
+
+void Engine::Done(uint64_t op, bool ok, std::string detail) {
+  actions_.push_back(OpDone{op, ok, std::move(detail)});
+}
+
+void Engine::ProgressControl() {
+  while (!ops_.empty()) {
+    ControlOp& op = ops_.front();
+    bool finished = false;
+    switch (op.kind) {
+      case OpKind::kAbortRequests: {
+        std::vector<uint64_t> targets = op.clients;
+        if (op.all) {
+          targets.clear();
+          for (const auto& [c, r] : requests_) targets.push_back(c);
+        }
+        for (uint64_t c : targets) {
+          auto it = requests_.find(c);
+          if (it != requests_.end()) AbortOne(it->second);
+        }
+        Done(op.id, true);
+        finished = true;
+        break;
+      }
+      case OpKind::kResetPrefix: {
+        if (op.reset_running) {
+          std::vector<uint64_t> running = running_;
+          for (uint64_t c : running) DropKv(requests_.at(c));
+        }
+        // Never raises: held blocks (transfers, running requests) make it
+        // return false.
+        const bool ok = pool_.ResetPrefixCache();
+        Done(op.id, ok, ok ? "" : "blocks are held by requests or transfers");
+        finished = true;
+        break;
+      }
+      case OpKind::kWake:
+        // Re-create what sleep discarded — only that: a level-0 sleep kept
+        // the KV, and live blocks must keep their content.
+        if (kv_discarded_) memory_->OnReset();  // re-register the KV memory
+        kv_discarded_ = false;
+        weights_loaded_ = true;
+        if (state_ == EngineState::kSleeping || state_ == EngineState::kKvReleased) {
+          state_ = EngineState::kActive;
+        }
+        Done(op.id, true);
+        finished = true;
+        break;
+      case OpKind::kPause:
+      case OpKind::kSleep:
+      case OpKind::kReleaseKv:
+      case OpKind::kUpdateWeights:
+        finished = Quiesce(op);
+        break;
+    }
+    if (!finished) return;
+    ops_.pop_front();
+    dirty_ = true;
+  }
+}
+
+// Advances a pause / sleep / release / weight update through its stages.
+// Returns true when the operation completed.
+bool Engine::Quiesce(ControlOp& op) {
+  if (op.stage == OpStage::kQuiesce) {
+    switch (op.mode) {
+      case PauseMode::kAbort: {
+        std::vector<uint64_t> all;
+        for (const auto& [c, r] : requests_) all.push_back(c);
+        for (uint64_t c : all) {
+          auto it = requests_.find(c);
+          if (it != requests_.end()) AbortOne(it->second);
+        }
+        frozen_ = true;
+        op.stage = OpStage::kRelease;
+        break;
+      }
+      case PauseMode::kWait:
+        draining_ = true;
+        drain_mark_ = next_arrival_ - 1;
+        op.stage = OpStage::kDrain;
+        break;
+      case PauseMode::kKeep:
+        frozen_ = true;
+        op.stage = OpStage::kRelease;
+        break;
+    }
+    dirty_ = true;
+  }
+  if (op.stage == OpStage::kDrain) {
+    for (const auto& [c, r] : requests_) {
+      const bool in_flight = r.phase == Phase::kWaiting || r.phase == Phase::kRunning ||
+                             r.phase == Phase::kWaitingRemote;
+      if (in_flight && r.arrival <= drain_mark_) return false;
+    }
+    draining_ = false;
+    frozen_ = true;
+    op.stage = OpStage::kRelease;
+  }
+  if (op.stage == OpStage::kRelease) {
+    if (!NeedsReset(op)) {
+      FinishOp(op);
+      return true;
+    }
+    // Release, then reset: requests holding KV give it back and wait to
+    // recompute (queue order kept); transfers are ended once.
+    resetting_ = true;
+    std::vector<uint64_t> running = running_;
+    for (uint64_t c : running) DropKv(requests_.at(c));
+    connector_.AbortTransfers();
+    op.stage = OpStage::kWaitBlocks;
+    dirty_ = true;
+  }
+  if (op.stage == OpStage::kWaitBlocks) {
+    if (pool_.num_referenced() > 0) return false;  // transfers still hold blocks
+    KV_CHECK(pool_.Reset());
+    memory_->OnReset();
+    resetting_ = false;
+    if (op.kind == OpKind::kUpdateWeights) weights_ = op.version;
+    if (op.kind == OpKind::kSleep && op.level >= 2) weights_loaded_ = false;
+    kv_discarded_ = op.kind == OpKind::kSleep || op.kind == OpKind::kReleaseKv;
+    FinishOp(op);
+    return true;
+  }
+  return false;
+}
+
+void Engine::FinishOp(ControlOp& op) {
+  frozen_ = false;
+  switch (op.kind) {
+    // A pause does not wake a sleeping engine or re-acquire released KV.
+    case OpKind::kPause:
+      if (state_ == EngineState::kActive) state_ = EngineState::kPaused;
+      break;
+    case OpKind::kSleep: state_ = EngineState::kSleeping; break;
+    case OpKind::kReleaseKv: state_ = EngineState::kKvReleased; break;
+    case OpKind::kUpdateWeights: state_ = EngineState::kActive; break;
+    default: break;
+  }
+  Done(op.id, true);
+}
+
+}  // namespace kvrelay::engine
