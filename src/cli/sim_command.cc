@@ -24,6 +24,7 @@
 
 #include "cli/commands.h"
 #include "sim/coverage.h"
+#include "sim/matrix.h"
 #include "sim/simulator.h"
 
 namespace kvrelay::cli {
@@ -41,7 +42,49 @@ struct SimCliOptions {
   bool require_marks = false;
   int determinism = 0;
   bool verbose = false;
+  std::string scenario;
+  bool matrix = false;
 };
+
+// Runs matrix cases (all, or the one named) and prints a line per case.
+int RunMatrix(const std::string& only, bool trace) {
+  std::vector<sim::ScenarioPlan> cases = sim::MatrixCases();
+  if (!only.empty()) {
+    std::vector<sim::ScenarioPlan> one;
+    for (const auto& c : cases) {
+      if (c.name == only) one.push_back(c);
+    }
+    if (one.empty()) {
+      std::fprintf(stderr, "kvrelay sim: no scenario named '%s'; the cases are:\n",
+                   only.c_str());
+      for (const auto& c : cases) std::fprintf(stderr, "  %s\n", c.name.c_str());
+      return 2;
+    }
+    cases = one;
+  }
+  std::printf("%-4s %-28s %-6s %10s %6s %6s %7s %6s %6s\n", "#", "case", "result",
+              "call (s)", "ok", "error", "aborted", "probes", "blocks");
+  uint32_t passed = 0, failed = 0;
+  int n = 0;
+  for (const auto& plan : sim::MatrixCases()) {
+    ++n;
+    bool selected = false;
+    for (const auto& c : cases) selected = selected || c.name == plan.name;
+    if (!selected) continue;
+    sim::SimOptions o;
+    o.trace = trace;
+    sim::Simulator s(sim::ScenarioParams(plan), o);
+    sim::SimResult r = s.Run();
+    std::printf("%-4d %-28s %-6s %10.4f %6u %6u %7u %6u %6zu\n", n, plan.name.c_str(),
+                r.ok ? "pass" : "FAIL", r.call_latency.seconds(), r.requests_ok,
+                r.requests_error, r.requests_aborted, r.probes_ok, r.blocks_left);
+    if (!r.ok) std::printf("     %s\n     replay: build/kvrelay sim --scenario %s --trace\n",
+                           r.failure.c_str(), plan.name.c_str());
+    ++(r.ok ? passed : failed);
+  }
+  std::printf("%u passed, %u failed\n", passed, failed);
+  return failed > 0 ? 1 : 0;
+}
 
 // Marks that a CI-sized run must hit; each names a rare path the
 // simulator exists to reach.
@@ -295,6 +338,7 @@ std::vector<uint64_t> ReadRegressions(const std::string& path, bool* ok) {
 }
 
 int RunCommand(const SimCliOptions& o) {
+  if (o.matrix || !o.scenario.empty()) return RunMatrix(o.scenario, o.trace);
   if (o.seed >= 0) return RunOne(static_cast<uint64_t>(o.seed), o.trace);
   std::vector<uint64_t> seeds;
   if (!o.regressions.empty()) {
@@ -389,6 +433,10 @@ void RegisterSim(CLI::App& app) {
   cmd->add_option("--determinism", o->determinism,
                   "Re-run N of the seeds and require identical trace hashes")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--scenario", o->scenario,
+                  "Run one lifecycle-matrix case by name (e.g. pause-abort-clear-p)");
+  cmd->add_flag("--matrix", o->matrix,
+                "Run all 27 lifecycle-matrix cases under load, one line per case");
   cmd->callback([o] { SetExitCode(RunCommand(*o)); });
 }
 

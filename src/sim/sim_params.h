@@ -9,11 +9,33 @@
 #include <vector>
 
 #include "base/time.h"
+#include "engine/engine.h"
 
 namespace kvrelay::sim {
 
+// A lifecycle-matrix case: one control call at a chosen moment under load
+// (lifecycle.md, "The lifecycle matrix").
+struct ScenarioPlan {
+  enum class Op : uint8_t {
+    kPause, kSleep, kAbortAll, kAbortSome, kResetPrefix, kReleaseKv, kUpdateWeights, kNone
+  };
+  bool enabled = false;
+  std::string name;
+  Op op = Op::kNone;
+  engine::PauseMode mode = engine::PauseMode::kAbort;
+  bool clear_cache = false;
+  uint32_t level = 0;
+  bool reset_running = false;
+  bool on_p = false, on_d = false;
+  Duration at = Duration::Milliseconds(100);
+  // How long the call may take to return (simulated time).
+  Duration bound = Duration::Seconds(5);
+  uint32_t probes = 4;       // reference-checked requests after the load
+};
+
 struct SimParams {
   uint64_t seed = 0;
+  ScenarioPlan plan;
   std::vector<uint32_t> p_tp;  // one entry per P engine (1, 2 or 4)
   std::vector<uint32_t> d_tp;  // one entry per D engine
   uint32_t p_pool_blocks = 32;

@@ -126,25 +126,36 @@ SimResult Simulator::Run() {
                           params_.prefill_time_max + params_.decode_time_max;
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
-  uint64_t hash = Mix64(params_.seed);
-  while (!queue_.empty() && result_.ok) {
-    Event ev = queue_.Pop();
-    if (ev.at > bound) {
-      Violation("liveness: still busy at " + std::to_string(ev.at.seconds()) +
-                " s (bound " + std::to_string(bound.seconds()) + " s)");
-      break;
+  if (params_.plan.enabled) {
+    for (uint32_t e = 0; e < nodes_.size(); ++e) {
+      const bool target = nodes_[e].producer ? params_.plan.on_p : params_.plan.on_d;
+      if (!target) continue;
+      queue_.Push(Event{Instant::Epoch() + params_.plan.at, 0, EventKind::kLifecycle, 0, e, 0,
+                        nodes_[e].incarnation});
     }
-    KV_CHECK_GE(ev.at, now_);
-    now_ = ev.at;
-    hash = Mix64(hash ^ static_cast<uint64_t>(ev.at.ns())) ^
-           Mix64((static_cast<uint64_t>(ev.kind) << 56) ^ (uint64_t{ev.a} << 32) ^
-                 (uint64_t{ev.b} << 16) ^ ev.c ^ (ev.x << 40));
-    ++result_.events;
-    if (options_.trace) Trace(ev);
-    Dispatch(ev);
-    if (result_.ok) CheckAll();
   }
+  uint64_t hash = Mix64(params_.seed);
+  RunQueue(bound, &hash);
   if (result_.ok) CheckDrained();
+  if (result_.ok && params_.plan.enabled) {
+    // Probes after the case: fresh requests must give exactly the model's
+    // output through the same P/D path.
+    SendProbes();
+    RunQueue(now_ + (params_.abort_timeout + params_.giveup_grace) * 2, &hash);
+    if (result_.ok) CheckDrained();
+    for (uint32_t i = first_probe_; result_.ok && i < clients_.size(); ++i) {
+      if (clients_[i].outcome == LegOutcome::kOk) {
+        ++result_.probes_ok;
+      } else {
+        Violation("probe request " + std::to_string(i) + " did not complete with output");
+      }
+    }
+    for (const auto& [key, op] : planned_) {
+      if (!op.done) Violation("the " + params_.plan.name + " call never returned");
+    }
+    result_.call_returned = !planned_.empty() || params_.plan.op == ScenarioPlan::Op::kNone;
+  }
+  for (const Node& node : nodes_) result_.blocks_left += node.engine->pool().num_referenced();
   result_.trace_hash = hash;
   result_.end_time = now_;
   for (const Client& c : clients_) {
@@ -183,6 +194,36 @@ SimResult Simulator::Run() {
     }
   }
   return result_;
+}
+
+void Simulator::RunQueue(Instant bound, uint64_t* hash) {
+  while (!queue_.empty() && result_.ok) {
+    Event ev = queue_.Pop();
+    if (ev.at > bound) {
+      Violation("liveness: still busy at " + std::to_string(ev.at.seconds()) +
+                " s (bound " + std::to_string(bound.seconds()) + " s)");
+      break;
+    }
+    KV_CHECK_GE(ev.at, now_);
+    now_ = ev.at;
+    *hash = Mix64(*hash ^ static_cast<uint64_t>(ev.at.ns())) ^
+            Mix64((static_cast<uint64_t>(ev.kind) << 56) ^ (uint64_t{ev.a} << 32) ^
+                  (uint64_t{ev.b} << 16) ^ ev.c ^ (ev.x << 40));
+    ++result_.events;
+    if (options_.trace) Trace(ev);
+    Dispatch(ev);
+    if (result_.ok) CheckAll();
+  }
+}
+
+void Simulator::SendProbes() {
+  first_probe_ = static_cast<uint32_t>(clients_.size());
+  const uint32_t n = params_.plan.probes;
+  clients_.resize(clients_.size() + n);
+  for (uint32_t k = 0; k < n; ++k) {
+    queue_.Push(Event{now_ + Duration::Milliseconds(1 + k), 0, EventKind::kClientArrive,
+                      first_probe_ + k});
+  }
 }
 
 void Simulator::Dispatch(const Event& ev) {
@@ -323,6 +364,7 @@ void Simulator::DrainEngine(uint32_t e) {
     } else if (auto* op = std::get_if<engine::OpDone>(&*a)) {
       ++result_.ops;
       if (!op->ok) ++result_.ops_failed;
+      OnOpDone(e, *op);
     }
   }
   BlocksFreedCheck(e);
@@ -636,8 +678,10 @@ void Simulator::ClientArrive(uint32_t i) {
   c.d_last = d_at;
   queue_.Push(Event{p_at, 0, EventKind::kLegArrive, i, c.p, 0, nodes_[c.p].incarnation});
   queue_.Push(Event{d_at, 0, EventKind::kLegArrive, i, c.d, 0, nodes_[c.d].incarnation});
-  if (prng_.Chance(params_.client_abort_pm, 1000)) {
-    const Duration life = params_.prefill_time_max + params_.decode_time_max +
+  const bool probe = i >= first_probe_;
+  if (!probe && prng_.Chance(params_.client_abort_pm, 1000)) {
+    // Within a request's likely life: a few engine steps per token.
+    const Duration life = params_.step_time * (params_.max_output_tokens + 8) +
                           params_.net_delay_max * 4;
     const Instant at = std::max(p_at, d_at) +
                        Duration::Nanoseconds(static_cast<int64_t>(prng_.Uniform(life.ns())));
@@ -715,6 +759,10 @@ void Simulator::Crash(uint32_t e) {
 // it paused or asleep) a resume / wake_up a little later — sometimes before
 // the operation finished, which must fail it cleanly.
 void Simulator::StartOp(uint32_t e) {
+  if (params_.plan.enabled) {
+    StartPlannedOp(e);
+    return;
+  }
   engine::Engine& eng = *nodes_[e].engine;
   const auto mode = static_cast<engine::PauseMode>(prng_.Uniform(3));
   bool needs_end = true;
@@ -746,8 +794,75 @@ void Simulator::StartOp(uint32_t e) {
   }
 }
 
+// The matrix case's call on engine `e`.
+void Simulator::StartPlannedOp(uint32_t e) {
+  using Op = ScenarioPlan::Op;
+  const ScenarioPlan& plan = params_.plan;
+  engine::Engine& eng = *nodes_[e].engine;
+  uint64_t id = 0;
+  bool leaves_paused = false;
+  switch (plan.op) {
+    case Op::kPause:
+      id = eng.Pause(plan.mode, plan.clear_cache);
+      leaves_paused = true;
+      break;
+    case Op::kSleep:
+      id = eng.Sleep(plan.level, plan.mode);
+      leaves_paused = true;
+      break;
+    case Op::kAbortAll: id = eng.AbortRequests({}, true); break;
+    case Op::kAbortSome: {
+      // Every other request this engine is serving right now.
+      std::vector<uint64_t> some;
+      for (uint32_t i = 0; i < clients_.size(); ++i) {
+        const Client& c = clients_[i];
+        const bool here = nodes_[e].producer ? (c.p == e && c.p_arrived && !c.p_ended)
+                                             : (c.d == e && c.d_arrived && !c.d_ended);
+        if (here && i % 2 == 0) some.push_back(i);
+      }
+      id = eng.AbortRequests(std::move(some), false);
+      break;
+    }
+    case Op::kResetPrefix: id = eng.ResetPrefixCache(plan.reset_running); break;
+    case Op::kReleaseKv:
+      id = eng.ReleaseKvCacheMemory();
+      leaves_paused = true;
+      break;
+    case Op::kUpdateWeights: id = eng.UpdateWeights(2, plan.mode); break;
+    case Op::kNone: return;
+  }
+  planned_[{e, id}] = PlannedOp{now_, leaves_paused, false};
+  DrainEngine(e);
+  ScheduleStep(e);
+}
+
+// A planned call returned: record it, and resume / wake the engine if the
+// call left it paused or asleep.
+void Simulator::OnOpDone(uint32_t e, const engine::OpDone& done) {
+  auto it = planned_.find({e, done.op});
+  if (it == planned_.end() || it->second.done) return;
+  it->second.done = true;
+  const Duration took = now_ - it->second.started;
+  if (took > result_.call_latency) result_.call_latency = took;
+  // reset_prefix_cache may answer false while blocks are held; it must
+  // answer, never raise. Every other call must succeed.
+  if (!done.ok && params_.plan.op != ScenarioPlan::Op::kResetPrefix) {
+    result_.call_ok = false;
+    Violation("the " + params_.plan.name + " call failed: " + done.detail);
+  }
+  if (took > params_.plan.bound) {
+    Violation("the " + params_.plan.name + " call took " + std::to_string(took.seconds()) +
+              " s (bound " + std::to_string(params_.plan.bound.seconds()) + " s)");
+  }
+  if (it->second.leaves_paused) {
+    queue_.Push(Event{now_ + Duration::Milliseconds(1), 0, EventKind::kLifecycleEnd, 0, e, 0,
+                      nodes_[e].incarnation});
+  }
+}
+
 // When faults stop, every engine is resumed and woken.
 void Simulator::EndOps() {
+  if (params_.plan.enabled) return;  // a matrix case resumes after its call
   for (uint32_t e = 0; e < nodes_.size(); ++e) {
     nodes_[e].engine->Resume();
     nodes_[e].engine->WakeUp();

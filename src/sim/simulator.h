@@ -66,6 +66,12 @@ struct SimResult {
   Instant end_time;
   uint32_t requests_ok = 0, requests_error = 0, requests_aborted = 0;
   uint32_t ops = 0, ops_failed = 0;
+  // Scenario mode (a lifecycle-matrix case):
+  bool call_returned = false;   // every planned call returned
+  bool call_ok = true;          // ...each with ok=true
+  Duration call_latency;        // the slowest planned call
+  uint32_t probes_ok = 0;
+  size_t blocks_left = 0;       // referenced blocks on all pools at the end
   Coverage coverage;
 };
 
@@ -91,7 +97,11 @@ class Simulator {
   void Violation(const std::string& what);
   void Hit(Mark m, uint64_t n = 1) { result_.coverage.Hit(m, n); }
   void StartOp(uint32_t engine);
+  void StartPlannedOp(uint32_t engine);
+  void OnOpDone(uint32_t engine, const engine::OpDone& done);
   void EndOps();
+  void RunQueue(Instant bound, uint64_t* hash);
+  void SendProbes();
 
   struct Node {
     bool producer = true;
@@ -179,6 +189,13 @@ class Simulator {
   bool faults_over_ = false;
   engine::ModelShape shape_;
   uint64_t next_weights_ = 2;
+  struct PlannedOp {
+    Instant started;
+    bool leaves_paused = false;
+    bool done = false;
+  };
+  std::map<std::pair<uint32_t, uint64_t>, PlannedOp> planned_;
+  uint32_t first_probe_ = UINT32_MAX;
   SimResult result_;
 };
 
