@@ -153,6 +153,21 @@ SimResult Simulator::Run() {
     for (const auto& [key, op] : planned_) {
       if (!op.done) Violation("the " + params_.plan.name + " call never returned");
     }
+    // Only abort-mode calls and abort_requests may abort: a pause, sleep,
+    // cache reset or weight update in keep/wait mode keeps every request
+    // (cut-short loads recompute). Faults are off in a matrix case.
+    using Op = ScenarioPlan::Op;
+    const bool may_abort = params_.plan.mode == engine::PauseMode::kAbort ||
+                           params_.plan.op == Op::kAbortAll || params_.plan.op == Op::kAbortSome;
+    for (uint32_t i = 0; result_.ok && i < clients_.size(); ++i) {
+      const Client& c = clients_[i];
+      if (c.outcome == LegOutcome::kError ||
+          (c.outcome == LegOutcome::kAborted && !c.abort_sent && !may_abort)) {
+        Violation("request " + std::to_string(i) + " was " +
+                  (c.outcome == LegOutcome::kError ? "failed" : "aborted") + " by the " +
+                  params_.plan.name + " call; it must be kept");
+      }
+    }
     result_.call_returned = !planned_.empty() || params_.plan.op == ScenarioPlan::Op::kNone;
   }
   for (const Node& node : nodes_) result_.blocks_left += node.engine->pool().num_referenced();
