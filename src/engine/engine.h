@@ -195,6 +195,7 @@ class Engine {
     uint64_t version = 0;
     std::vector<uint64_t> clients;
     bool all = false;
+    uint64_t drain_mark = 0;   // wait mode: requests that arrived before the call
     OpStage stage = OpStage::kQuiesce;
   };
 
@@ -215,7 +216,7 @@ class Engine {
   bool EnsureBlocks(Request& r, uint32_t tokens);
   void WriteKv(Request& r, uint32_t upto);
   Token Generate(Request& r);
-  bool PreemptNewestExcept(uint64_t keep);
+  bool PreemptNewerThan(const Request& self);
   bool SchedulingAllowed() const;
   bool AdmissionAllowed() const;
   // lifecycle (lifecycle.cc)
@@ -246,7 +247,7 @@ class Engine {
   bool dirty_ = false;       // an input or the last step changed something
   bool resetting_ = false;   // a cache reset released transfers, not done
   bool kv_discarded_ = false;  // sleep >= 1 / release: wake re-registers
-  uint64_t drain_mark_ = 0;  // wait-mode drains cover arrivals <= this
+  uint64_t drain_mark_ = 0;  // the draining op's drain_mark
   struct Stats {
     uint64_t preemptions = 0;
     uint64_t loads_recomputed = 0;

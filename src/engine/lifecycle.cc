@@ -30,6 +30,7 @@ constexpr size_t kMaxPendingOps = 64;
 
 uint64_t Engine::Enqueue(ControlOp op) {
   op.id = next_op_++;
+  op.drain_mark = next_arrival_ - 1;  // "in flight" means: before this call
   dirty_ = true;
   if (ops_.size() >= kMaxPendingOps) {
     Done(op.id, false, "too many operations pending");
@@ -203,8 +204,14 @@ bool Engine::Quiesce(ControlOp& op) {
         break;
       }
       case PauseMode::kWait:
+        if (state_ != EngineState::kActive) {
+          // Already paused or asleep: nothing can run, nothing to drain.
+          frozen_ = true;
+          op.stage = OpStage::kRelease;
+          break;
+        }
         draining_ = true;
-        drain_mark_ = next_arrival_ - 1;
+        drain_mark_ = op.drain_mark;
         op.stage = OpStage::kDrain;
         break;
       case PauseMode::kKeep:
@@ -261,7 +268,9 @@ void Engine::FinishOp(ControlOp& op) {
       break;
     case OpKind::kSleep: state_ = EngineState::kSleeping; break;
     case OpKind::kReleaseKv: state_ = EngineState::kKvReleased; break;
-    case OpKind::kUpdateWeights: state_ = EngineState::kActive; break;
+    // New weights are loaded; a paused, sleeping or released engine stays
+    // so until resume / wake_up.
+    case OpKind::kUpdateWeights: weights_loaded_ = true; break;
     default: break;
   }
   Done(op.id, true);

@@ -112,8 +112,9 @@ bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
     const uint32_t chunk = std::min(len - r.computed, *budget);
     if (chunk == 0) return false;
     while (!EnsureBlocks(r, r.computed + chunk)) {
-      // Out of blocks: preempt the newest other request, or this one.
-      if (!PreemptNewestExcept(r.client)) {
+      // Out of blocks: preempt the newest running request — this one, if
+      // it is the newest.
+      if (!PreemptNewerThan(r)) {
         ++stats_.preemptions;
         DropKv(r);
         return false;
@@ -124,6 +125,7 @@ bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
   }
   if (r.computed < len) return true;  // prefill continues next step
   const Token t = Generate(r);
+  dirty_ = true;  // a token is progress even when no KV had to be computed
   actions_.push_back(TokenOut{r.client, t, weights_});
   r.seq.push_back(t);
   ++r.generated;
@@ -171,17 +173,19 @@ Token Engine::Generate(Request& r) {
   return NextToken(weights_, folded, len, options_.shape.vocab);
 }
 
-bool Engine::PreemptNewestExcept(uint64_t keep) {
+// Preempts the newest running request if it is newer than `self`; false
+// when `self` is the newest (the caller then preempts itself).
+bool Engine::PreemptNewerThan(const Request& self) {
   uint64_t victim = 0;
-  uint64_t newest = 0;
+  uint64_t newest = self.arrival;
   for (uint64_t c : running_) {
     const Request& r = requests_.at(c);
-    if (c != keep && r.arrival > newest) {
+    if (r.arrival > newest) {
       newest = r.arrival;
       victim = c;
     }
   }
-  if (newest == 0) return false;
+  if (newest == self.arrival) return false;
   ++stats_.preemptions;
   DropKv(requests_.at(victim));
   return true;
