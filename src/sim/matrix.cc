@@ -37,6 +37,7 @@ std::vector<ScenarioPlan> MatrixCases() {
   for (int w = 0; w < 3; ++w) {
     ScenarioPlan c = Case(std::string("pause-keep-") + Where(w), Op::kPause, w != 1, w != 0);
     c.mode = PauseMode::kKeep;
+    c.bound = Duration::Milliseconds(100);  // returns at once: no export is waited for
     cases.push_back(c);
   }
   // 13–18: sleep level 0/1/2 × abort/wait on both, then wake_up.

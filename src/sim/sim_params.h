@@ -28,6 +28,7 @@ struct ScenarioPlan {
   bool reset_running = false;
   bool on_p = false, on_d = false;
   Duration at = Duration::Milliseconds(100);
+  Duration p_lag = Duration::Milliseconds(20);   // "both": P's call after D's
   // How long the call may take to return (simulated time).
   Duration bound = Duration::Seconds(5);
   uint32_t probes = 4;       // reference-checked requests after the load

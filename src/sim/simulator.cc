@@ -127,11 +127,16 @@ SimResult Simulator::Run() {
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
   if (params_.plan.enabled) {
+    // On "both", D gets the call first and P 20 ms later, as a trainer
+    // pausing its fleet does: meanwhile P finishes prefills whose D will
+    // not pull them while paused — the exports a pause must not wait for.
+    const bool both = params_.plan.on_p && params_.plan.on_d;
     for (uint32_t e = 0; e < nodes_.size(); ++e) {
       const bool target = nodes_[e].producer ? params_.plan.on_p : params_.plan.on_d;
       if (!target) continue;
-      queue_.Push(Event{Instant::Epoch() + params_.plan.at, 0, EventKind::kLifecycle, 0, e, 0,
-                        nodes_[e].incarnation});
+      const Duration lag = both && nodes_[e].producer ? params_.plan.p_lag : Duration::Zero();
+      queue_.Push(Event{Instant::Epoch() + params_.plan.at + lag, 0, EventKind::kLifecycle, 0,
+                        e, 0, nodes_[e].incarnation});
     }
   }
   uint64_t hash = Mix64(params_.seed);
@@ -869,9 +874,16 @@ void Simulator::OnOpDone(uint32_t e, const engine::OpDone& done) {
     Violation("the " + params_.plan.name + " call took " + std::to_string(took.seconds()) +
               " s (bound " + std::to_string(params_.plan.bound.seconds()) + " s)");
   }
-  if (it->second.leaves_paused) {
-    queue_.Push(Event{now_ + Duration::Milliseconds(1), 0, EventKind::kLifecycleEnd, 0, e, 0,
-                      nodes_[e].incarnation});
+  // Like a trainer, resume / wake only once every planned call returned.
+  const size_t calls = (params_.plan.on_p ? 1 : 0) + (params_.plan.on_d ? 1 : 0);
+  if (planned_.size() < calls) return;
+  for (const auto& [key, op] : planned_) {
+    if (!op.done) return;
+  }
+  for (const auto& [key, op] : planned_) {
+    if (!op.leaves_paused) continue;
+    queue_.Push(Event{now_ + Duration::Milliseconds(1), 0, EventKind::kLifecycleEnd, 0,
+                      key.first, 0, nodes_[key.first].incarnation});
   }
 }
 
