@@ -58,6 +58,7 @@ SimParams DrawParams(uint64_t seed) {
   p.lifecycle_pm = prng.OneIn(2) ? Rate(prng, 150) : 0;
   p.partition_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
   p.recompute_on_failure = !prng.OneIn(3);
+  p.both_roles = prng.OneIn(4);
   p.fault_phase = Duration::Milliseconds(prng.Range(10, 3000));
   if (!prng.OneIn(3)) p.timer_late_max = Duration::Microseconds(prng.Range(1, 20000));
   return p;

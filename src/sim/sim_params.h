@@ -69,6 +69,7 @@ struct SimParams {
   uint32_t lifecycle_pm = 0;            // per request arrival: a lifecycle op
   uint32_t partition_pm = 0;            // per request arrival: partition a pair
   bool recompute_on_failure = true;     // kv_load_failure_policy
+  bool both_roles = false;              // every engine (and rank) is role "both"
   Duration fault_phase = Duration::Seconds(1);  // faults stop after this
 
   std::string ToString() const;

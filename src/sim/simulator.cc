@@ -57,7 +57,9 @@ void Simulator::BuildNode(uint32_t e) {
   engine::EngineOptions eo;
   eo.engine_id = e;
   eo.incarnation = node.incarnation;
-  eo.role = node.producer ? engine::Role::kProducer : engine::Role::kConsumer;
+  eo.role = params_.both_roles ? engine::Role::kBoth
+            : node.producer     ? engine::Role::kProducer
+                                : engine::Role::kConsumer;
   eo.tp = node.tp;
   eo.shape = shape_;
   eo.num_blocks = blocks;
@@ -66,7 +68,9 @@ void Simulator::BuildNode(uint32_t e) {
                                                         : engine::LoadFailurePolicy::kFail;
   eo.step_base = params_.step_time;
   node.engine = std::make_unique<engine::Engine>(eo, node.memory.get());
-  const ConnectorRole role = node.producer ? ConnectorRole::kProducer : ConnectorRole::kConsumer;
+  const ConnectorRole role = params_.both_roles ? ConnectorRole::kBoth
+                            : node.producer      ? ConnectorRole::kProducer
+                                                 : ConnectorRole::kConsumer;
   node.ranks.clear();
   for (uint32_t r = 0; r < node.tp; ++r) {
     RankConnectorOptions o;
