@@ -57,6 +57,21 @@
 
 namespace kvrelay::sim {
 
+// PeerId.index of rank r of engine e in the simulator: e * 8 + r.
+inline constexpr uint32_t kRanksPerEngineSlot = 8;
+
+// Takes a free slot of `slab` (reusing one from `free`, else appending).
+template <typename T>
+uint32_t TakeSlot(std::vector<T>& slab, std::vector<uint32_t>& free) {
+  if (!free.empty()) {
+    const uint32_t slot = free.back();
+    free.pop_back();
+    return slot;
+  }
+  slab.emplace_back();
+  return static_cast<uint32_t>(slab.size() - 1);
+}
+
 struct SimResult {
   uint64_t seed = 0;
   bool ok = true;

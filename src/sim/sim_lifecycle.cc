@@ -1,0 +1,151 @@
+// sim_lifecycle.cc — crashes and engine lifecycle operations in the
+// simulator: random ones in swarm runs, and the planned call of a
+// lifecycle-matrix case, with resume / wake_up afterwards.
+#include <algorithm>
+#include <cstdio>
+
+#include "base/check.h"
+#include "core/tp_mapping.h"
+#include "sim/simulator.h"
+
+namespace kvrelay::sim {
+
+void Simulator::Crash(uint32_t e) {
+  if (faults_over_) return;
+  Hit(Mark::kCrash);
+  Node& node = nodes_[e];
+  // Every leg on the dead process ends with an error for its client.
+  for (uint32_t i = 0; i < clients_.size(); ++i) {
+    const Client& c = clients_[i];
+    if (c.p == e && !c.p_ended && c.p_arrived) LegEnded(e, i, LegOutcome::kError);
+    if (c.d == e && !c.d_ended && c.d_arrived) LegEnded(e, i, LegOutcome::kError);
+  }
+  ++node.incarnation;
+  BuildNode(e);
+  Handshake(e);
+}
+
+// A random lifecycle operation on engine `e`, and (for the ones that leave
+// it paused or asleep) a resume / wake_up a little later — sometimes before
+// the operation finished, which must fail it cleanly.
+void Simulator::StartOp(uint32_t e) {
+  if (params_.plan.enabled) {
+    StartPlannedOp(e);
+    return;
+  }
+  engine::Engine& eng = *nodes_[e].engine;
+  const auto mode = static_cast<engine::PauseMode>(prng_.Uniform(3));
+  bool needs_end = true;
+  const uint64_t pick = prng_.Uniform(8);
+  if (options_.trace) {
+    static const char* kNames[] = {"pause",        "sleep",         "release_kv_cache_memory",
+                                   "reset_prefix", "update_weights", "abort_requests(all)",
+                                   "pause(keep)",  "pause(keep)"};
+    std::printf("  op on engine %u: %s mode=%d\n", e, kNames[pick], static_cast<int>(mode));
+  }
+  switch (pick) {
+    case 0: eng.Pause(mode, prng_.OneIn(2)); Hit(Mark::kOpPause); break;
+    case 1: eng.Sleep(static_cast<uint32_t>(prng_.Uniform(3)), mode); Hit(Mark::kOpSleep); break;
+    case 2: eng.ReleaseKvCacheMemory(); Hit(Mark::kOpReleaseKv); break;
+    case 3: eng.ResetPrefixCache(prng_.OneIn(2)); needs_end = false; break;
+    case 4:
+      eng.UpdateWeights(next_weights_++, mode);
+      Hit(Mark::kOpUpdateWeights);
+      needs_end = false;
+      break;
+    case 5: eng.AbortRequests({}, true); needs_end = false; break;
+    default: eng.Pause(engine::PauseMode::kKeep, false); Hit(Mark::kOpPause); break;
+  }
+  DrainEngine(e);
+  ScheduleStep(e);
+  if (needs_end) {
+    queue_.Push(Event{now_ + Duration::Microseconds(prng_.Range(1, 200000)), 0,
+                      EventKind::kLifecycleEnd, 0, e, 0, nodes_[e].incarnation});
+  }
+}
+
+// The matrix case's call on engine `e`.
+void Simulator::StartPlannedOp(uint32_t e) {
+  using Op = ScenarioPlan::Op;
+  const ScenarioPlan& plan = params_.plan;
+  engine::Engine& eng = *nodes_[e].engine;
+  uint64_t id = 0;
+  bool leaves_paused = false;
+  switch (plan.op) {
+    case Op::kPause:
+      id = eng.Pause(plan.mode, plan.clear_cache);
+      leaves_paused = true;
+      break;
+    case Op::kSleep:
+      id = eng.Sleep(plan.level, plan.mode);
+      leaves_paused = true;
+      break;
+    case Op::kAbortAll: id = eng.AbortRequests({}, true); break;
+    case Op::kAbortSome: {
+      // Every other request this engine is serving right now.
+      std::vector<uint64_t> some;
+      for (uint32_t i = 0; i < clients_.size(); ++i) {
+        const Client& c = clients_[i];
+        const bool here = nodes_[e].producer ? (c.p == e && c.p_arrived && !c.p_ended)
+                                             : (c.d == e && c.d_arrived && !c.d_ended);
+        if (here && i % 2 == 0) some.push_back(i);
+      }
+      id = eng.AbortRequests(std::move(some), false);
+      break;
+    }
+    case Op::kResetPrefix: id = eng.ResetPrefixCache(plan.reset_running); break;
+    case Op::kReleaseKv:
+      id = eng.ReleaseKvCacheMemory();
+      leaves_paused = true;
+      break;
+    case Op::kUpdateWeights: id = eng.UpdateWeights(2, plan.mode); break;
+    case Op::kNone: return;
+  }
+  planned_[{e, id}] = PlannedOp{now_, leaves_paused, false};
+  DrainEngine(e);
+  ScheduleStep(e);
+}
+
+// A planned call returned: record it, and resume / wake the engine if the
+// call left it paused or asleep.
+void Simulator::OnOpDone(uint32_t e, const engine::OpDone& done) {
+  auto it = planned_.find({e, done.op});
+  if (it == planned_.end() || it->second.done) return;
+  it->second.done = true;
+  const Duration took = now_ - it->second.started;
+  if (took > result_.call_latency) result_.call_latency = took;
+  // reset_prefix_cache may answer false while blocks are held; it must
+  // answer, never raise. Every other call must succeed.
+  if (!done.ok && params_.plan.op != ScenarioPlan::Op::kResetPrefix) {
+    result_.call_ok = false;
+    Violation("the " + params_.plan.name + " call failed: " + done.detail);
+  }
+  if (took > params_.plan.bound) {
+    Violation("the " + params_.plan.name + " call took " + std::to_string(took.seconds()) +
+              " s (bound " + std::to_string(params_.plan.bound.seconds()) + " s)");
+  }
+  // Like a trainer, resume / wake only once every planned call returned.
+  const size_t calls = (params_.plan.on_p ? 1 : 0) + (params_.plan.on_d ? 1 : 0);
+  if (planned_.size() < calls) return;
+  for (const auto& [key, op] : planned_) {
+    if (!op.done) return;
+  }
+  for (const auto& [key, op] : planned_) {
+    if (!op.leaves_paused) continue;
+    queue_.Push(Event{now_ + Duration::Milliseconds(1), 0, EventKind::kLifecycleEnd, 0,
+                      key.first, 0, nodes_[key.first].incarnation});
+  }
+}
+
+// When faults stop, every engine is resumed and woken.
+void Simulator::EndOps() {
+  if (params_.plan.enabled) return;  // a matrix case resumes after its call
+  for (uint32_t e = 0; e < nodes_.size(); ++e) {
+    nodes_[e].engine->Resume();
+    nodes_[e].engine->WakeUp();
+    DrainEngine(e);
+    ScheduleStep(e);
+  }
+}
+
+}  // namespace kvrelay::sim

@@ -1,0 +1,228 @@
+// sim_transport.cc — the simulator's network and data plane: per-connection
+// FIFO delivery with drops, partitions and dead incarnations; writes that
+// land after random delays, fail, or land garbage; and the checks that fire
+// the moment a message or a write breaks an invariant.
+#include <algorithm>
+#include <cstdio>
+
+#include "base/check.h"
+#include "core/tp_mapping.h"
+#include "sim/simulator.h"
+
+namespace kvrelay::sim {
+
+void Simulator::BlocksFreedCheck(uint32_t engine) {
+  const std::vector<BlockId> blocks = nodes_[engine].memory->TakeFreed();
+  if (blocks.empty()) return;
+  for (const Write& w : writes_) {
+    // A write whose process died never lands (FinishWrite drops it): the
+    // transports guarantee that (shm: the writer is gone; tcp: D's own
+    // receiver writes; ucx: the endpoint is torn down with the process).
+    if (!w.used || w.d_engine != engine ||
+        w.d_incarnation != nodes_[engine].incarnation ||
+        w.p_incarnation != nodes_[w.p_engine].incarnation) {
+      continue;
+    }
+    for (const BlockId& b : w.w.dst) {
+      if (std::find(blocks.begin(), blocks.end(), b) != blocks.end()) {
+        Violation("D freed block " + b.ToString() + " while a write into it is in flight");
+        return;
+      }
+    }
+  }
+}
+
+// --- ranks, network, data plane --------------------------------------------
+
+void Simulator::DrainRank(uint32_t e, uint32_t r) {
+  Node& node = nodes_[e];
+  RankConnector& rank = *node.ranks[r];
+  while (auto a = rank.PollAction()) {
+    if (auto* out = std::get_if<OutMessage>(&*a)) {
+      SendMessage(e, r, std::move(*out));
+    } else {
+      BeginWrite(e, r, std::move(std::get<StartWrite>(*a)));
+    }
+  }
+  if (rank.HasReport()) ScheduleStep(e);
+  if (auto next = rank.NextDeadline()) {
+    if (!node.timer_at[r] || *next < *node.timer_at[r]) {
+      // Timers fire late by a random amount, as in a busy actor loop: the
+      // core must not rely on a timer running before other inputs.
+      const Duration late = Duration::Nanoseconds(static_cast<int64_t>(
+          prng_.Uniform(static_cast<uint64_t>(params_.timer_late_max.ns()) + 1)));
+      const Instant at = std::max(*next, now_) + late;
+      node.timer_at[r] = at;
+      queue_.Push(Event{at, 0, EventKind::kRankTimer, 0, e, r, node.incarnation});
+    }
+  }
+}
+
+namespace {
+uint64_t PullKey(uint32_t p_engine, uint32_t p_inc, uint32_t p_rank, PeerId d,
+                 uint64_t seq, TransferId t) {
+  uint64_t h = Mix64((uint64_t{p_engine} << 40) ^ (uint64_t{p_inc} << 8) ^ p_rank);
+  h = Mix64(h ^ d.Packed());
+  h = Mix64(h ^ seq);
+  return Mix64(h ^ t.hi) ^ t.lo;
+}
+}  // namespace
+
+uint64_t Simulator::ConnKey(uint32_t e1, uint32_t r1, uint32_t e2, uint32_t r2) const {
+  uint32_t a = e1 * kRanksPerEngineSlot + r1, b = e2 * kRanksPerEngineSlot + r2;
+  if (a > b) std::swap(a, b);
+  return (uint64_t{a} << 32) | b;
+}
+
+bool Simulator::Partitioned(uint32_t a, uint32_t b) const {
+  return partitions_.count({std::min(a, b), std::max(a, b)}) != 0;
+}
+
+void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
+  const uint32_t te = out.to.index / kRanksPerEngineSlot;
+  const uint32_t tr = out.to.index % kRanksPerEngineSlot;
+  KV_CHECK_LT(te, nodes_.size());
+  if (const auto* answer = std::get_if<AnswerMsg>(&out.msg)) {
+    const uint64_t key = PullKey(e, nodes_[e].incarnation, r, out.to, answer->pull_seq,
+                                 answer->transfer);
+    auto it = pull_answers_.find(key);
+    if (it == pull_answers_.end()) {
+      Violation("an answer for a pull this P rank never received");
+      return;
+    }
+    // Promptly: by the pull's deadline, plus a write that started before it
+    // and a timer that ran late.
+    const Instant latest = it->second.received + params_.abort_timeout +
+                           params_.write_time_max + params_.timer_late_max;
+    if (now_ > latest) {
+      Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
+                answer->transfer.ToString() + " answered after its deadline");
+      return;
+    }
+    if (++it->second.answers > 1) {
+      Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
+                answer->transfer.ToString() + " answered twice");
+      return;
+    }
+  }
+  const uint64_t conn = ConnKey(e, r, te, tr);
+  if (faults_on() && prng_.Chance(params_.conn_drop_pm, 1000)) {
+    ++conn_epoch_[conn];  // everything in flight on it is lost, both ways
+    Hit(Mark::kConnectionDropped);
+    return;
+  }
+  if (Partitioned(e, te)) return;
+  const uint32_t slot = TakeSlot(messages_, free_messages_);
+  InFlightMessage& m = messages_[slot];
+  m.used = true;
+  m.from_engine = e;
+  m.from_rank = r;
+  m.from_incarnation = nodes_[e].incarnation;
+  m.to_engine = te;
+  m.to_rank = tr;
+  m.to_incarnation = out.to.generation;
+  m.conn_epoch = conn_epoch_[conn];
+  m.msg = std::move(out.msg);
+  const Duration span = params_.net_delay_max - params_.net_delay_min;
+  Instant at = now_ + params_.net_delay_min +
+               Duration::Nanoseconds(static_cast<int64_t>(prng_.Uniform(span.ns() + 1)));
+  // FIFO within a connection direction, as with TCP/ZeroMQ.
+  const uint64_t dir = conn ^ (uint64_t{e * kRanksPerEngineSlot + r} << 20);
+  Instant& last = conn_last_delivery_[dir];
+  at = std::max(at, last);
+  last = at;
+  queue_.Push(Event{at, 0, EventKind::kDeliver, slot});
+}
+
+void Simulator::Deliver(uint32_t slot) {
+  InFlightMessage m = std::move(messages_[slot]);
+  messages_[slot] = InFlightMessage{};
+  free_messages_.push_back(slot);
+  KV_CHECK(m.used);
+  const uint64_t conn = ConnKey(m.from_engine, m.from_rank, m.to_engine, m.to_rank);
+  if (m.conn_epoch != conn_epoch_[conn]) return;           // connection broke
+  if (Partitioned(m.from_engine, m.to_engine)) return;
+  Node& to = nodes_[m.to_engine];
+  if (m.to_incarnation != to.incarnation) return;          // receiver died
+  RankConnector& rank = *to.ranks[m.to_rank];
+  const PeerId from{m.from_engine * kRanksPerEngineSlot + m.from_rank, m.from_incarnation};
+  const uint64_t stale_before = rank.stats().stale_incarnation;
+  const auto* pull = std::get_if<PullMsg>(&m.msg);
+  rank.OnMessage(from, m.msg, now_);
+  if (pull != nullptr && rank.stats().stale_incarnation == stale_before) {
+    // Every item accepted must be answered exactly once (checked in
+    // SendMessage and when the run drains).
+    for (const PullItem& item : pull->items) {
+      pull_answers_.emplace(PullKey(m.to_engine, to.incarnation, m.to_rank, from,
+                                    pull->pull_seq, item.transfer),
+                            PullRecord{m.to_engine, to.incarnation, 0, now_});
+    }
+  }
+  DrainRank(m.to_engine, m.to_rank);
+}
+
+void Simulator::BeginWrite(uint32_t e, uint32_t r, StartWrite w) {
+  if (now_ >= w.deadline) {
+    Violation("write for transfer " + w.transfer.ToString() +
+              " started at or after its pull's deadline");
+    return;
+  }
+  const uint32_t slot = TakeSlot(writes_, free_writes_);
+  Write& wr = writes_[slot];
+  wr.used = true;
+  wr.p_engine = e;
+  wr.p_rank = r;
+  wr.p_incarnation = nodes_[e].incarnation;
+  wr.d_engine = w.peer.index / kRanksPerEngineSlot;
+  wr.d_rank = w.peer.index % kRanksPerEngineSlot;
+  wr.d_incarnation = w.peer.generation;
+  wr.fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
+  wr.garbage = wr.fail && prng_.Chance(params_.write_partial_pm, 1000);
+  wr.w = std::move(w);
+  const Duration d = Duration::Nanoseconds(
+      static_cast<int64_t>(prng_.Uniform(params_.write_time_max.ns()) + 1));
+  queue_.Push(Event{now_ + d, 0, EventKind::kWriteDone, slot});
+}
+
+void Simulator::FinishWrite(uint32_t slot) {
+  Write wr = std::move(writes_[slot]);
+  writes_[slot] = Write{};
+  free_writes_.push_back(slot);
+  KV_CHECK(wr.used);
+  Node& p = nodes_[wr.p_engine];
+  if (p.incarnation != wr.p_incarnation) return;  // the writer's process died
+  const TransferId t = wr.w.transfer;
+  for (const BlockId& b : wr.w.src) {
+    if (!p.memory->Live(b)) {
+      Violation("P block " + b.ToString() + " of transfer " + t.ToString() +
+                " was freed or reused while a write read it");
+      return;
+    }
+  }
+  Node& d = nodes_[wr.d_engine];
+  const bool reachable =
+      d.incarnation == wr.d_incarnation && !Partitioned(wr.p_engine, wr.d_engine);
+  if (reachable && (!wr.fail || wr.garbage)) {
+    // P rank p writes the head groups it shares with D rank r.
+    const uint32_t G = engine::kHeadGroups;
+    const uint32_t p_lo = wr.p_rank * G / p.tp, p_hi = (wr.p_rank + 1) * G / p.tp;
+    const uint32_t d_lo = wr.d_rank * G / d.tp, d_hi = (wr.d_rank + 1) * G / d.tp;
+    const uint32_t lo = std::max(p_lo, d_lo), hi = std::min(p_hi, d_hi);
+    KV_CHECK_LT(lo, hi);
+    for (size_t i = 0; i < wr.w.dst.size(); ++i) {
+      const BlockId dst = wr.w.dst[i];
+      if (!d.memory->OwnedBy(dst, t)) {
+        Violation("a write of transfer " + t.ToString() + " landed in D block " +
+                  dst.ToString() + ", which that transfer does not own");
+        return;
+      }
+      for (uint32_t g = lo; g < hi; ++g) {
+        d.memory->At(dst, g) = wr.garbage ? prng_.Next64() : p.memory->At(wr.w.src[i], g);
+      }
+    }
+  }
+  p.ranks[wr.p_rank]->OnWriteDone(wr.w.write, reachable && !wr.fail, now_);
+  DrainRank(wr.p_engine, wr.p_rank);
+}
+
+}  // namespace kvrelay::sim
