@@ -14,6 +14,8 @@ uint32_t Rate(Prng& prng, uint32_t max_pm) {
 }
 }  // namespace
 
+// Draw order is part of every committed regression seed's meaning: append
+// new draws at the end, and keep retired ones as discarded draws.
 SimParams DrawParams(uint64_t seed) {
   Prng prng(Mix64(seed ^ 0x5EED5EED5EEDull));
   SimParams p;
@@ -22,7 +24,6 @@ SimParams DrawParams(uint64_t seed) {
   for (uint64_t i = 0; i < np; ++i) p.p_tp.push_back(Tp(prng));
   for (uint64_t i = 0; i < nd; ++i) p.d_tp.push_back(Tp(prng));
   p.max_prompt_blocks = static_cast<uint32_t>(prng.Range(1, 8));
-  // Pools from "barely one prompt" (pressure) to roomy.
   p.max_output_tokens = static_cast<uint32_t>(prng.Range(1, 8));
   p.max_batch_tokens = static_cast<uint32_t>(prng.Range(4, 64));
   // Pools from "barely the largest request" (pressure) to roomy.
@@ -47,8 +48,8 @@ SimParams DrawParams(uint64_t seed) {
   p.num_requests = static_cast<uint32_t>(prng.Range(1, 60));
   p.arrival_gap_max = Duration::Milliseconds(prng.Range(1, 30));
   p.step_time = Duration::Microseconds(prng.Range(200, 5000));
-  p.prefill_time_max = Duration::Milliseconds(prng.Range(1, 80));
-  p.decode_time_max = Duration::Milliseconds(prng.Range(1, 80));
+  (void)prng.Range(1, 80);  // retired: the scripted engine's prefill time
+  (void)prng.Range(1, 80);  // retired: the scripted engine's decode time
   p.client_abort_pm = Rate(prng, 400);
   p.conn_drop_pm = Rate(prng, 40);
   p.write_fail_pm = Rate(prng, 100);
@@ -58,9 +59,9 @@ SimParams DrawParams(uint64_t seed) {
   p.lifecycle_pm = prng.OneIn(2) ? Rate(prng, 150) : 0;
   p.partition_pm = prng.OneIn(3) ? Rate(prng, 60) : 0;
   p.recompute_on_failure = !prng.OneIn(3);
-  p.both_roles = prng.OneIn(4);
   p.fault_phase = Duration::Milliseconds(prng.Range(10, 3000));
   if (!prng.OneIn(3)) p.timer_late_max = Duration::Microseconds(prng.Range(1, 20000));
+  p.both_roles = prng.OneIn(4);
   return p;
 }
 

@@ -50,9 +50,7 @@ struct SimParams {
   uint32_t max_output_tokens = 8;
   uint32_t max_batch_tokens = 32;     // the engines' token budget per step
   Duration arrival_gap_max = Duration::Milliseconds(20);
-  Duration step_time = Duration::Milliseconds(2);
-  Duration prefill_time_max = Duration::Milliseconds(50);
-  Duration decode_time_max = Duration::Milliseconds(50);
+  Duration step_time = Duration::Milliseconds(2);   // an engine step, at least
   Duration net_delay_min = Duration::Microseconds(50);
   Duration net_delay_max = Duration::Milliseconds(5);
   Duration write_time_max = Duration::Milliseconds(10);  // < giveup_grace/2

@@ -124,8 +124,10 @@ SimResult Simulator::Run() {
   // behind such transfers, so in the worst case each request waits out one
   // period after the faults stop. A wedge never drains; this bound turns
   // it into a failure.
-  const Duration period = params_.abort_timeout + params_.giveup_grace +
-                          params_.prefill_time_max + params_.decode_time_max;
+  // A request's own work: a step per prompt token at worst, one per output.
+  const Duration work =
+      params_.step_time * (params_.max_prompt_blocks * 4 + params_.max_output_tokens + 16);
+  const Duration period = params_.abort_timeout + params_.giveup_grace + work;
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
   if (params_.plan.enabled) {
