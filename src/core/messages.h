@@ -20,6 +20,7 @@ namespace kvrelay {
 struct PullMsg {
   uint64_t pull_seq = 0;
   std::vector<PullItem> items;
+  bool operator==(const PullMsg&) const = default;
 };
 
 // P rank → D rank: the answer for one (pull, transfer).
@@ -27,6 +28,7 @@ struct AnswerMsg {
   uint64_t pull_seq = 0;
   TransferId transfer;
   TransferResult result = TransferResult::kOk;
+  bool operator==(const AnswerMsg&) const = default;
 };
 
 using PeerMessage = std::variant<PullMsg, AnswerMsg>;

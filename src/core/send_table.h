@@ -114,6 +114,7 @@ struct PullItem {
   // transfer_id collision — a router bug, or two routers — must end as a
   // failed load, never as KV of another prompt decoded as this one's.
   uint64_t prompt_hash = 0;
+  bool operator==(const PullItem&) const = default;
 };
 
 // --- Actions (effects for the driver) -------------------------------------

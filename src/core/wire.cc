@@ -1,0 +1,261 @@
+#include "core/wire.h"
+
+#include <cstring>
+
+#include "base/check.h"
+
+namespace kvrelay {
+
+namespace {
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
+  void U8(uint8_t v) { out_->push_back(v); }
+  void U16(uint16_t v) { Raw(&v, 2); }
+  void U32(uint32_t v) { Raw(&v, 4); }
+  void U64(uint64_t v) { Raw(&v, 8); }
+  void Bytes(const std::vector<uint8_t>& b) { out_->insert(out_->end(), b.begin(), b.end()); }
+
+ private:
+  void Raw(const void* p, size_t n) {  // little-endian hosts only (x86, arm)
+    const auto* b = static_cast<const uint8_t*>(p);
+    out_->insert(out_->end(), b, b + n);
+  }
+  std::vector<uint8_t>* out_;
+};
+
+// Bounds-checked reads: a read past the end sets `bad` and yields zero.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  uint8_t U8() { return Get<uint8_t>(); }
+  uint16_t U16() { return Get<uint16_t>(); }
+  uint32_t U32() { return Get<uint32_t>(); }
+  uint64_t U64() { return Get<uint64_t>(); }
+  bool Take(size_t n, std::vector<uint8_t>* out) {
+    if (bad_ || in_.size() - pos_ < n) return Fail();
+    out->assign(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    return true;
+  }
+  size_t left() const { return in_.size() - pos_; }
+  bool bad() const { return bad_; }
+
+ private:
+  template <typename T>
+  T Get() {
+    T v{};
+    if (bad_ || in_.size() - pos_ < sizeof(T)) {
+      Fail();
+      return v;
+    }
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  bool Fail() {
+    bad_ = true;
+    return false;
+  }
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+  bool bad_ = false;
+};
+
+void PutTransfer(Writer& w, TransferId t) {
+  w.U64(t.hi);
+  w.U64(t.lo);
+}
+TransferId GetTransfer(Reader& r) {
+  TransferId t;
+  t.hi = r.U64();
+  t.lo = r.U64();
+  return t;
+}
+
+void EncodePayload(Writer& w, const HandshakeMsg& m) {
+  w.U32(m.engine_id);
+  w.U32(m.incarnation);
+  w.U32(m.rank);
+  w.U32(m.tp);
+  w.U8(m.role);
+  w.U8(m.transport);
+  w.U32(m.layers);
+  w.U32(m.kv_heads);
+  w.U32(m.head_dim);
+  w.U32(m.dtype_bytes);
+  w.U32(m.block_tokens);
+  w.U32(m.num_blocks);
+  w.U32(static_cast<uint32_t>(m.registration.size()));
+  w.Bytes(m.registration);
+}
+void EncodePayload(Writer& w, const PullMsg& m) {
+  w.U64(m.pull_seq);
+  w.U32(static_cast<uint32_t>(m.items.size()));
+  for (const PullItem& item : m.items) {
+    PutTransfer(w, item.transfer);
+    w.U64(item.prompt_hash);
+    w.U32(static_cast<uint32_t>(item.dst.size()));
+    for (const BlockId& b : item.dst) {
+      w.U32(b.index);
+      w.U32(b.generation);
+    }
+  }
+}
+void EncodePayload(Writer& w, const AnswerMsg& m) {
+  w.U64(m.pull_seq);
+  PutTransfer(w, m.transfer);
+  w.U8(static_cast<uint8_t>(m.result));
+}
+void EncodePayload(Writer& w, const HeartbeatMsg& m) {
+  w.U32(m.incarnation);
+  w.U64(m.seq);
+}
+
+WireType TypeOf(const WireMessage& m) {
+  switch (m.index()) {
+    case 0: return WireType::kHandshake;
+    case 1: return WireType::kPull;
+    case 2: return WireType::kAnswer;
+    default: return WireType::kHeartbeat;
+  }
+}
+
+Status Truncated(const char* what) {
+  return InvalidArgumentError(std::string("truncated ") + what);
+}
+
+Result<WireMessage> DecodeHandshake(Reader& r, const WireLimits& limits) {
+  HandshakeMsg m;
+  m.engine_id = r.U32();
+  m.incarnation = r.U32();
+  m.rank = r.U32();
+  m.tp = r.U32();
+  m.role = r.U8();
+  m.transport = r.U8();
+  m.layers = r.U32();
+  m.kv_heads = r.U32();
+  m.head_dim = r.U32();
+  m.dtype_bytes = r.U32();
+  m.block_tokens = r.U32();
+  m.num_blocks = r.U32();
+  const uint32_t reg = r.U32();
+  if (r.bad()) return Truncated("handshake");
+  if (reg > limits.max_registration_bytes) {
+    return Status(StatusCode::kOutOfRange,
+                  "handshake registration of " + std::to_string(reg) + " bytes is over the limit");
+  }
+  if (!r.Take(reg, &m.registration)) return Truncated("handshake registration");
+  if (m.tp == 0 || m.rank >= m.tp) return InvalidArgumentError("handshake rank not below tp");
+  if (m.role > 2) return InvalidArgumentError("handshake role unknown");
+  if (m.transport > 2) return InvalidArgumentError("handshake transport unknown");
+  return WireMessage(std::move(m));
+}
+
+Result<WireMessage> DecodePull(Reader& r, const WireLimits& limits) {
+  PullMsg m;
+  m.pull_seq = r.U64();
+  const uint32_t count = r.U32();
+  if (r.bad()) return Truncated("pull");
+  if (count > limits.max_items_per_pull) {
+    return Status(StatusCode::kOutOfRange,
+                  "pull with " + std::to_string(count) + " transfers is over the limit");
+  }
+  // Each item takes at least 28 bytes: refuse counts the frame cannot hold
+  // before reserving anything.
+  if (uint64_t{count} * 28 > r.left()) return Truncated("pull items");
+  m.items.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    PullItem item;
+    item.transfer = GetTransfer(r);
+    item.prompt_hash = r.U64();
+    const uint32_t blocks = r.U32();
+    if (r.bad()) return Truncated("pull item");
+    if (blocks > limits.max_blocks_per_item) {
+      return Status(StatusCode::kOutOfRange,
+                    "pull item with " + std::to_string(blocks) + " blocks is over the limit");
+    }
+    if (uint64_t{blocks} * 8 > r.left()) return Truncated("pull item blocks");
+    item.dst.reserve(blocks);
+    for (uint32_t b = 0; b < blocks; ++b) {
+      BlockId id;
+      id.index = r.U32();
+      id.generation = r.U32();
+      item.dst.push_back(id);
+    }
+    m.items.push_back(std::move(item));
+  }
+  if (r.bad()) return Truncated("pull");
+  return WireMessage(std::move(m));
+}
+
+Result<WireMessage> DecodeAnswer(Reader& r) {
+  AnswerMsg m;
+  m.pull_seq = r.U64();
+  m.transfer = GetTransfer(r);
+  const uint8_t result = r.U8();
+  if (r.bad()) return Truncated("answer");
+  if (result >= kTransferResultCount) {
+    return InvalidArgumentError("answer result " + std::to_string(result) + " unknown");
+  }
+  m.result = static_cast<TransferResult>(result);
+  return WireMessage(m);
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeWire(const WireMessage& msg) {
+  std::vector<uint8_t> out;
+  Writer w(&out);
+  w.U32(kWireMagic);
+  w.U16(kWireVersion);
+  w.U16(static_cast<uint16_t>(TypeOf(msg)));
+  w.U32(0);  // payload length, patched below
+  std::visit([&w](const auto& m) { EncodePayload(w, m); }, msg);
+  const uint32_t payload = static_cast<uint32_t>(out.size() - kWireHeaderBytes);
+  std::memcpy(out.data() + 8, &payload, 4);
+  return out;
+}
+
+Result<WireMessage> DecodeWire(std::span<const uint8_t> frame, const WireLimits& limits) {
+  if (frame.size() > limits.max_frame_bytes) {
+    return Status(StatusCode::kOutOfRange,
+                  "frame of " + std::to_string(frame.size()) + " bytes is over the limit");
+  }
+  Reader r(frame);
+  const uint32_t magic = r.U32();
+  const uint16_t version = r.U16();
+  const uint16_t type = r.U16();
+  const uint32_t payload = r.U32();
+  if (r.bad()) return Truncated("header");
+  if (magic != kWireMagic) return InvalidArgumentError("not a kvrelay frame (bad magic)");
+  if (version != kWireVersion) {
+    return FailedPreconditionError("wire version " + std::to_string(version) +
+                                   ", this build speaks " + std::to_string(kWireVersion));
+  }
+  if (payload != r.left()) {
+    return InvalidArgumentError("payload length " + std::to_string(payload) +
+                                " does not match the frame's " + std::to_string(r.left()));
+  }
+  Result<WireMessage> m = InvalidArgumentError("unknown message type " + std::to_string(type));
+  switch (static_cast<WireType>(type)) {
+    case WireType::kHandshake: m = DecodeHandshake(r, limits); break;
+    case WireType::kPull: m = DecodePull(r, limits); break;
+    case WireType::kAnswer: m = DecodeAnswer(r); break;
+    case WireType::kHeartbeat: {
+      HeartbeatMsg h;
+      h.incarnation = r.U32();
+      h.seq = r.U64();
+      m = r.bad() ? Result<WireMessage>(Truncated("heartbeat")) : Result<WireMessage>(h);
+      break;
+    }
+  }
+  if (m.ok() && r.left() != 0) {
+    return InvalidArgumentError(std::to_string(r.left()) + " trailing bytes after the message");
+  }
+  return m;
+}
+
+}  // namespace kvrelay
