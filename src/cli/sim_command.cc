@@ -100,6 +100,8 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kConnectionDropped,   Mark::kPartition,
     Mark::kCrash,               Mark::kStaleIncarnation,
     Mark::kDuplicateTransferRejected, Mark::kPoolPressure,
+    Mark::kPrefixHit,           Mark::kPullResent,
+    Mark::kReanswered,
 };
 
 bool ParseRange(const std::string& s, uint64_t* a, uint64_t* b) {

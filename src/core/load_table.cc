@@ -55,6 +55,7 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
   load.request = request;
   load.transfer = transfer;
   load.prompt_hash = prompt_hash;
+  load.dst = dst;
   load.giveup = now + options_.abort_timeout + options_.giveup_grace;
   load.unanswered = static_cast<uint32_t>(producers.size());
   for (const PeerId& peer : producers) {
@@ -140,6 +141,29 @@ void LoadTable::OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
     return;
   }
   ++stats_.mismatched_answers;
+}
+
+void LoadTable::ResendTo(PeerId peer, Instant now) {
+  std::vector<uint32_t> slots;
+  for (const auto& [t, slot] : by_transfer_) slots.push_back(slot);
+  std::sort(slots.begin(), slots.end());  // deterministic order
+  for (uint32_t slot : slots) {
+    const Load& load = loads_[slot];
+    // P may start a write only before the pull's deadline, which is the
+    // give-up time less the grace: a resend grants only what is left.
+    const Duration left = (load.giveup - options_.giveup_grace) - now;
+    if (left <= Duration::Zero()) continue;
+    for (const Producer& p : load.producers) {
+      if (p.peer != peer || p.answered) continue;
+      ++stats_.resent;
+      actions_.push_back(
+          SendPull{peer, p.pull_seq, load.transfer, load.dst, load.prompt_hash, left.ns()});
+      if (load.released || load.cut_short) {
+        ++stats_.releases_sent;
+        actions_.push_back(SendPull{peer, NextSeq(true), load.transfer, {}, load.prompt_hash});
+      }
+    }
+  }
 }
 
 void LoadTable::PeerGone(PeerId peer, Instant /*now*/) {
@@ -232,6 +256,7 @@ void LoadTable::FinishIfComplete(uint32_t slot) {
   by_request_.erase(load.request);
   load.used = false;
   load.producers.clear();
+  load.dst.clear();
   load.next_free = free_loads_;
   free_loads_ = slot;
 }

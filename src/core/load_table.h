@@ -80,6 +80,7 @@ struct SendPull {
   TransferId transfer;
   std::vector<BlockId> dst;
   uint64_t prompt_hash = 0;   // the prompt D expects (see PullItem)
+  int64_t budget_ns = 0;      // resends: what is left before D gives up
 };
 
 // The load of `request` ended; every producer answered or was given up.
@@ -117,6 +118,7 @@ struct LoadTableStats {
   uint64_t duplicate_answers = 0;  // that producer had answered already
   uint64_t producers_given_up = 0;
   uint64_t producers_lost = 0;     // failed by PeerGone
+  uint64_t resent = 0;             // pulls resent after a reconnect
 };
 
 class LoadTable {
@@ -149,6 +151,14 @@ class LoadTable {
   // An answer from P rank `peer`.
   void OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
                 TransferResult result, Instant now);
+
+  // The connection to `peer` was re-established: messages in flight on the
+  // old one may be lost. Resends every unanswered pull to it with its
+  // original sequence number (P answers a resent pull exactly as before,
+  // or not at all while it is still live), and the release of a released
+  // or cut-short load. A load past its give-up time resends nothing: P
+  // remembers its answers for at least that long, and no longer.
+  void ResendTo(PeerId peer, Instant now);
 
   // `peer` (that incarnation) is known dead: it will neither answer nor
   // write again. Its unanswered pulls fail now instead of at give-up.
@@ -189,6 +199,7 @@ class LoadTable {
     bool released = false;
     bool cut_short = false;
     uint64_t prompt_hash = 0;
+    std::vector<BlockId> dst;     // kept for resends
     Instant giveup;
     uint32_t next_free = kNil;
   };

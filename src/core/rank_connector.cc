@@ -36,6 +36,11 @@ bool RankConnector::AcceptIncarnation(PeerId from) {
   return true;
 }
 
+void RankConnector::Reconnected(PeerId peer, Instant now) {
+  if (load_) load_->ResendTo(peer, now);
+  Pump();
+}
+
 void RankConnector::PeerGone(PeerId peer, Instant now) {
   if (load_) load_->PeerGone(peer, now);
   Pump();
@@ -169,8 +174,8 @@ void RankConnector::Pump() {
       if (auto* pull = std::get_if<SendPull>(&*a)) {
         PullMsg msg;
         msg.pull_seq = pull->pull_seq;
-        msg.items.push_back(
-            PullItem{pull->transfer, std::move(pull->dst), pull->prompt_hash});
+        msg.items.push_back(PullItem{pull->transfer, std::move(pull->dst), pull->prompt_hash,
+                                     pull->budget_ns});
         actions_.push_back(OutMessage{pull->peer, std::move(msg)});
       } else if (auto* done = std::get_if<LoadDone>(&*a)) {
         report_.finished_recving.push_back(*done);

@@ -64,6 +64,8 @@ class RankConnector {
   void SetPeer(uint32_t engine, uint32_t rank, PeerId peer, Instant now);
   // `peer` (that incarnation) is gone for good; see LoadTable::PeerGone.
   void PeerGone(PeerId peer, Instant now);
+  // The connection to `peer` was re-established; see LoadTable::ResendTo.
+  void Reconnected(PeerId peer, Instant now);
 
   // A message from an incarnation older than one already seen from the
   // same peer index is from a dead process: it is dropped and counted.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/prng.h"
 
 namespace kvrelay {
 
@@ -176,6 +177,16 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
   std::vector<const PullItem*> rest;
   for (const PullItem& item : items) {
     ++stats_.pull_items;
+    const uint64_t key = ItemKey(peer, pull_seq, item.transfer);
+    if (live_keys_.count(key) != 0) {
+      ++stats_.duplicate_items;  // resent while live: its answer will come
+      continue;
+    }
+    if (auto a = answered_.find(key); a != answered_.end()) {
+      ++stats_.reanswered;       // resent after the answer was lost
+      actions_.push_back(AnswerPull{peer, pull_seq, item.transfer, a->second});
+      continue;
+    }
     if (item.dst.empty()) {
       HandleRelease(item, peer, pull_seq, now);
       continue;
@@ -472,11 +483,15 @@ uint32_t SendTable::NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
   item.send = s;
   item.peer = peer;
   item.pull_seq = pull_seq;
-  item.deadline = now + options_.abort_timeout;
+  // The pull's deadline: abort_timeout from now, or less if D says so.
+  const Duration budget = pulled.budget_ns > 0 ? Duration::Nanoseconds(pulled.budget_ns)
+                                               : options_.abort_timeout;
+  item.deadline = now + std::min(budget, options_.abort_timeout);
   item.dst = pulled.dst;
   item.prompt_hash = pulled.prompt_hash;
   item.in_send = Links{};
   item.in_queue = Links{};
+  live_keys_[ItemKey(peer, pull_seq, sends_[s].transfer)] = i;
   ListPush<&Item::in_send>(sends_[s].items, i);
   deadlines_.Arm(i, item.deadline);
   ++live_items_;
@@ -496,6 +511,7 @@ void SendTable::FreeItem(uint32_t i) {
     ListRemove<&Item::in_queue>(admission_, i);
   }
   ListRemove<&Item::in_send>(sends_[item.send].items, i);
+  live_keys_.erase(ItemKey(item.peer, item.pull_seq, sends_[item.send].transfer));
   deadlines_.Cancel(i);
   item.state = ItemState::kFree;
   item.dst.clear();
@@ -510,6 +526,19 @@ void SendTable::Answer(PeerId peer, uint64_t seq, TransferId t,
                        TransferResult r) {
   ++stats_.answers[static_cast<int>(r)];
   actions_.push_back(AnswerPull{peer, seq, t, r});
+  // Remember it, so a resent pull gets the same answer.
+  const uint64_t key = ItemKey(peer, seq, t);
+  if (answered_.emplace(key, r).second) {
+    while (answered_fifo_.size() >= options_.max_tombstones) {
+      answered_.erase(answered_fifo_.front().key);
+      answered_fifo_.pop_front();
+    }
+    answered_fifo_.push_back(Answered{key, now_});
+  }
+}
+
+uint64_t SendTable::ItemKey(PeerId peer, uint64_t seq, TransferId t) {
+  return Mix64(Mix64(peer.Packed() ^ Mix64(seq)) ^ t.hi) ^ Mix64(t.lo + 1);
 }
 
 std::optional<TransferResult> SendTable::EndedAs(TransferId transfer) const {
@@ -543,6 +572,11 @@ void SendTable::AddTombstone(TransferId transfer, TransferResult reason,
 }
 
 void SendTable::PruneTombstones(Instant now) {
+  now_ = now;
+  while (!answered_fifo_.empty() && answered_fifo_.front().at + TombstoneTtl() <= now) {
+    answered_.erase(answered_fifo_.front().key);
+    answered_fifo_.pop_front();
+  }
   while (!tombstone_fifo_.empty() &&
          tombstone_fifo_.front().created + TombstoneTtl() <= now) {
     tombstones_.erase(tombstone_fifo_.front().transfer);
@@ -629,6 +663,8 @@ void SendTable::CheckInvariants() const {
     items_seen += n;
   }
   KV_CHECK_EQ(items_seen, live_items_);
+  KV_CHECK_EQ(live_keys_.size(), live_items_);
+  KV_CHECK_EQ(answered_.size(), answered_fifo_.size());
   KV_CHECK_EQ(queued_seen, admission_.size);
   KV_CHECK_EQ(writes_seen, writes_in_flight_);
   KV_CHECK_EQ(deadlines_.size() + writes_in_flight_, live_items_);

@@ -44,6 +44,13 @@
 // first one to reach EndSend wins; the others find DONE or a tombstone and
 // do nothing but answer.
 //
+// Resent pulls: after a reconnect D resends its unanswered pulls with the
+// same sequence numbers (messages in flight on a broken connection are
+// lost). A resent item that is still live is ignored (its answer comes);
+// one already answered gets the same answer again, from a bounded memory
+// of recent answers (same count bound and age as tombstones). So an answer
+// is decided exactly once and may be re-sent, never changed.
+//
 // Tombstones remember how a transfer ended, so a late pull or a late claim
 // fails fast instead of waiting or resurrecting it. They are bounded in
 // count (`max_tombstones`, oldest dropped first) and kept for
@@ -114,6 +121,10 @@ struct PullItem {
   // transfer_id collision — a router bug, or two routers — must end as a
   // failed load, never as KV of another prompt decoded as this one's.
   uint64_t prompt_hash = 0;
+  // How long D still grants from now (0: the full abort_timeout). A pull
+  // resent after a reconnect grants only what is left before D gives up,
+  // so P's deadline stays anchored to D's clock, not to the resend.
+  int64_t budget_ns = 0;
   bool operator==(const PullItem&) const = default;
 };
 
@@ -174,6 +185,8 @@ struct SendTableStats {
   uint64_t items_rejected = 0;
   uint64_t aborts_unknown = 0;
   uint64_t prompt_mismatch = 0;   // pulls refused: another prompt's transfer
+  uint64_t duplicate_items = 0;   // resent while still live: ignored
+  uint64_t reanswered = 0;        // resent after the answer: same answer again
 };
 
 class SendTable {
@@ -313,6 +326,7 @@ class SendTable {
   void Answer(PeerId peer, uint64_t seq, TransferId t, TransferResult r);
   void AddTombstone(TransferId transfer, TransferResult reason, Instant now);
   void PruneTombstones(Instant now);
+  static uint64_t ItemKey(PeerId peer, uint64_t seq, TransferId t);
   Duration TombstoneTtl() const {
     return options_.abort_timeout + options_.giveup_grace;
   }
@@ -340,6 +354,14 @@ class SendTable {
   TimerHeap deadlines_;             // key: item slot
   std::unordered_map<TransferId, TransferResult> tombstones_;
   std::deque<Tombstone> tombstone_fifo_;  // creation order == expiry order
+  std::unordered_map<uint64_t, uint32_t> live_keys_;  // ItemKey → item slot
+  struct Answered {
+    uint64_t key;
+    Instant at;
+  };
+  std::unordered_map<uint64_t, TransferResult> answered_;  // ItemKey → answer
+  std::deque<Answered> answered_fifo_;                     // in answer order
+  Instant now_;  // of the input being handled (answers are stamped with it)
   std::deque<SendAction> actions_;
   SendTableStats stats_;
 };

@@ -97,6 +97,7 @@ void EncodePayload(Writer& w, const PullMsg& m) {
   for (const PullItem& item : m.items) {
     PutTransfer(w, item.transfer);
     w.U64(item.prompt_hash);
+    w.U64(static_cast<uint64_t>(item.budget_ns));
     w.U32(static_cast<uint32_t>(item.dst.size()));
     for (const BlockId& b : item.dst) {
       w.U32(b.index);
@@ -163,16 +164,18 @@ Result<WireMessage> DecodePull(Reader& r, const WireLimits& limits) {
     return Status(StatusCode::kOutOfRange,
                   "pull with " + std::to_string(count) + " transfers is over the limit");
   }
-  // Each item takes at least 28 bytes: refuse counts the frame cannot hold
+  // Each item takes at least 36 bytes: refuse counts the frame cannot hold
   // before reserving anything.
-  if (uint64_t{count} * 28 > r.left()) return Truncated("pull items");
+  if (uint64_t{count} * 36 > r.left()) return Truncated("pull items");
   m.items.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
     PullItem item;
     item.transfer = GetTransfer(r);
     item.prompt_hash = r.U64();
+    item.budget_ns = static_cast<int64_t>(r.U64());
     const uint32_t blocks = r.U32();
     if (r.bad()) return Truncated("pull item");
+    if (item.budget_ns < 0) return InvalidArgumentError("pull item with a negative budget");
     if (blocks > limits.max_blocks_per_item) {
       return Status(StatusCode::kOutOfRange,
                     "pull item with " + std::to_string(blocks) + " blocks is over the limit");

@@ -32,6 +32,8 @@ std::string_view MarkName(Mark m) {
     case Mark::kOpSleep: return "op_sleep";
     case Mark::kOpReleaseKv: return "op_release_kv";
     case Mark::kOpUpdateWeights: return "op_update_weights";
+    case Mark::kPullResent: return "pull_resent";
+    case Mark::kReanswered: return "reanswered";
     case Mark::kCount: break;
   }
   return "?";

@@ -41,6 +41,8 @@ enum class Mark : uint8_t {
   kOpSleep,
   kOpReleaseKv,
   kOpUpdateWeights,
+  kPullResent,               // D resent an unanswered pull after a reconnect
+  kReanswered,               // P repeated an answer for a resent pull
   kCount
 };
 

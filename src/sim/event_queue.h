@@ -29,6 +29,7 @@ enum class EventKind : uint8_t {
   kCrash,          // b = engine
   kHeal,           // b, c = engine pair
   kFaultsEnd,
+  kReconnect,      // b = D engine, c = D rank, a = P engine, x = P rank
 };
 
 struct Event {

@@ -78,6 +78,22 @@ bool Simulator::Partitioned(uint32_t a, uint32_t b) const {
   return partitions_.count({std::min(a, b), std::max(a, b)}) != 0;
 }
 
+void Simulator::ScheduleReconnect(uint32_t d, uint32_t dr, uint32_t p, uint32_t pr,
+                                  Duration after) {
+  // A client reconnects a connection once, however many sends failed.
+  if (!reconnect_pending_.insert(ConnKey(d, dr, p, pr)).second) return;
+  queue_.Push(Event{now_ + after, 0, EventKind::kReconnect, p, d, dr, pr});
+}
+
+// A healed partition: every connection between the two engines comes back.
+void Simulator::ReconnectEngines(uint32_t p, uint32_t d) {
+  for (uint32_t dr = 0; dr < nodes_[d].tp; ++dr) {
+    for (uint32_t pr = 0; pr < nodes_[p].tp; ++pr) {
+      ScheduleReconnect(d, dr, p, pr, NetDelay());
+    }
+  }
+}
+
 void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
   const uint32_t te = out.to.index / kRanksPerEngineSlot;
   const uint32_t tr = out.to.index % kRanksPerEngineSlot;
@@ -90,25 +106,43 @@ void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
       Violation("an answer for a pull this P rank never received");
       return;
     }
-    // Promptly: by the pull's deadline, plus a write that started before it
-    // and a timer that ran late.
-    const Instant latest = it->second.received + params_.abort_timeout +
-                           params_.write_time_max + params_.timer_late_max;
-    if (now_ > latest) {
-      Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
-                answer->transfer.ToString() + " answered after its deadline");
-      return;
-    }
-    if (++it->second.answers > 1) {
-      Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
-                answer->transfer.ToString() + " answered twice");
-      return;
+    PullRecord& rec = it->second;
+    // One decision per (pull, transfer): re-sent only for a re-delivered
+    // pull, and never changed.
+    if (rec.answers > 0) {
+      if (answer->result != rec.first_result) {
+        Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
+                  answer->transfer.ToString() + " answered twice with different results");
+        return;
+      }
+      if (++rec.answers > rec.deliveries) {
+        Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
+                  answer->transfer.ToString() + " answered more often than delivered");
+        return;
+      }
+    } else {
+      rec.first_result = answer->result;
+      ++rec.answers;
+      // Promptly: by the pull's deadline, plus a write that started before
+      // it and a timer that ran late.
+      const Instant latest = rec.received + params_.abort_timeout + params_.write_time_max +
+                             params_.timer_late_max;
+      if (now_ > latest) {
+        Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
+                  answer->transfer.ToString() + " answered after its deadline");
+        return;
+      }
     }
   }
   const uint64_t conn = ConnKey(e, r, te, tr);
   if (faults_on() && prng_.Chance(params_.conn_drop_pm, 1000)) {
     ++conn_epoch_[conn];  // everything in flight on it is lost, both ways
     Hit(Mark::kConnectionDropped);
+    if (nodes_[e].producer) {
+      ScheduleReconnect(te, tr, e, r, NetDelay());
+    } else {
+      ScheduleReconnect(e, r, te, tr, NetDelay());
+    }
     return;
   }
   if (Partitioned(e, te)) return;
@@ -153,9 +187,11 @@ void Simulator::Deliver(uint32_t slot) {
     // Every item accepted must be answered exactly once (checked in
     // SendMessage and when the run drains).
     for (const PullItem& item : pull->items) {
-      pull_answers_.emplace(PullKey(m.to_engine, to.incarnation, m.to_rank, from,
-                                    pull->pull_seq, item.transfer),
-                            PullRecord{m.to_engine, to.incarnation, 0, now_});
+      auto [rec, fresh] = pull_answers_.emplace(
+          PullKey(m.to_engine, to.incarnation, m.to_rank, from, pull->pull_seq, item.transfer),
+          PullRecord{m.to_engine, to.incarnation, 0, 0, TransferResult::kOk, now_});
+      ++rec->second.deliveries;
+      (void)fresh;
     }
   }
   DrainRank(m.to_engine, m.to_rank);

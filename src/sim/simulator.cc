@@ -25,6 +25,7 @@ const char* KindName(EventKind k) {
     case EventKind::kCrash: return "crash";
     case EventKind::kHeal: return "heal";
     case EventKind::kFaultsEnd: return "faults_end";
+    case EventKind::kReconnect: return "reconnect";
   }
   return "?";
 }
@@ -205,6 +206,7 @@ SimResult Simulator::Run() {
         Hit(Mark::kDeadlineAtAdmission, st.deadline_at_admission);
         Hit(Mark::kDeadlineTimer, st.deadline_timer);
         Hit(Mark::kWriteFailed, st.writes_failed);
+        Hit(Mark::kReanswered, st.reanswered);
       }
       if (const LoadTable* l = rank->load_table()) {
         Hit(Mark::kProducerGivenUp, l->stats().producers_given_up);
@@ -212,6 +214,7 @@ SimResult Simulator::Run() {
         Hit(Mark::kLoadCutShort, l->stats().loads_cut_short);
         Hit(Mark::kReleaseWhileLoading, l->stats().loads_released);
         Hit(Mark::kReleaseBeforeAlloc, l->stats().releases_unstarted);
+        Hit(Mark::kPullResent, l->stats().resent);
       }
       Hit(Mark::kReadyRefused, rank->stats().ready_refused);
       Hit(Mark::kStaleIncarnation, rank->stats().stale_incarnation);
@@ -340,12 +343,24 @@ void Simulator::Dispatch(const Event& ev) {
       break;
     case EventKind::kHeal:
       partitions_.erase({ev.b, ev.c});
+      ReconnectEngines(ev.b, ev.c);
       break;
-    case EventKind::kFaultsEnd:
+    case EventKind::kFaultsEnd: {
       faults_over_ = true;
+      auto healed = partitions_;
       partitions_.clear();
+      for (const auto& [pair, since] : healed) ReconnectEngines(pair.first, pair.second);
       EndOps();
       break;
+    }
+    case EventKind::kReconnect: {
+      reconnect_pending_.erase(ConnKey(ev.b, ev.c, ev.a, static_cast<uint32_t>(ev.x)));
+      Node& d = nodes_[ev.b];
+      if (ev.c >= d.tp || Partitioned(ev.a, ev.b)) break;
+      d.ranks[ev.c]->Reconnected(PeerOf(ev.a, static_cast<uint32_t>(ev.x)), now_);
+      DrainRank(ev.b, ev.c);
+      break;
+    }
   }
 }
 

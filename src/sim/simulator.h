@@ -173,6 +173,10 @@ class Simulator {
   void Crash(uint32_t e);
   void MaybeInjectFault();
   bool Partitioned(uint32_t a, uint32_t b) const;
+  // The connection between D rank (d, dr) and P rank (p, pr) comes back
+  // after `after`: D resends what it has not had answered.
+  void ScheduleReconnect(uint32_t d, uint32_t dr, uint32_t p, uint32_t pr, Duration after);
+  void ReconnectEngines(uint32_t p, uint32_t d);
   uint64_t ConnKey(uint32_t e1, uint32_t r1, uint32_t e2, uint32_t r2) const;
   void CheckAll();
   void CheckDrained();
@@ -193,11 +197,14 @@ class Simulator {
   std::vector<uint32_t> free_writes_;
   std::unordered_map<uint64_t, uint64_t> conn_epoch_;
   std::unordered_map<uint64_t, Instant> conn_last_delivery_;
+  std::set<uint64_t> reconnect_pending_;  // one reconnect per connection at a time
   std::map<std::pair<uint32_t, uint32_t>, Instant> partitions_;
   // Exactly-once answers: every pull item a P rank accepted, by key.
   struct PullRecord {
     uint32_t p_engine = 0, p_incarnation = 0;
     uint32_t answers = 0;
+    uint32_t deliveries = 0;   // a resent pull is delivered again
+    TransferResult first_result = TransferResult::kOk;
     Instant received;
   };
   std::unordered_map<uint64_t, PullRecord> pull_answers_;
