@@ -132,9 +132,9 @@ int RunOne(uint64_t seed, bool trace) {
   sim::Simulator s(params, o);
   sim::SimResult r = s.Run();
   std::printf("events %" PRIu64 "  sim time %.3fs  requests ok %u error %u aborted %u  "
-              "trace hash %016" PRIx64 "\n",
+              "lifecycle ops %u (%u failed)  trace hash %016" PRIx64 "\n",
               r.events, r.end_time.seconds(), r.requests_ok, r.requests_error,
-              r.requests_aborted, r.trace_hash);
+              r.requests_aborted, r.ops, r.ops_failed, r.trace_hash);
   if (r.ok) {
     std::printf("1 passed, 0 failed\n");
     return 0;

@@ -236,7 +236,6 @@ class SendTable {
   std::optional<Instant> NextDeadline() const;
 
   std::optional<SendAction> PollAction();
-  bool HasActions() const { return !actions_.empty(); }
 
   // Observers, for tests, metrics and the simulator.
   std::optional<SendState> StateOf(TransferId transfer) const;
@@ -334,8 +333,6 @@ class SendTable {
   std::optional<TransferResult> EndedAs(TransferId transfer) const;
   void HandleRelease(const PullItem& item, PeerId peer, uint64_t seq, Instant now);
 
-  Links& SendLinks(uint32_t i) { return items_[i].in_send; }
-  Links& QueueLinks(uint32_t i) { return items_[i].in_queue; }
   template <Links Item::*L>
   void ListPush(List& list, uint32_t i);
   template <Links Item::*L>

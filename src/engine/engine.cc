@@ -77,6 +77,7 @@ Status Engine::AddRequest(RequestSpec spec, Instant /*now*/) {
   Status s = connector_.AdmitRequest(r.id, r.kv);
   if (!s.ok()) return s;
   const uint64_t client = r.client;
+  client_of_slot_.emplace(r.id.index, client);
   requests_.emplace(client, std::move(r));
   waiting_.push_back(client);
   dirty_ = true;
@@ -90,10 +91,18 @@ void Engine::AbortRequest(uint64_t client) {
 }
 
 Engine::Request* Engine::Find(RequestId id) {
-  for (auto& [client, r] : requests_) {
-    if (r.id == id) return &r;
-  }
-  return nullptr;
+  auto slot = client_of_slot_.find(id.index);
+  if (slot == client_of_slot_.end()) return nullptr;
+  auto it = requests_.find(slot->second);
+  if (it == requests_.end() || it->second.id != id) return nullptr;
+  return &it->second;
+}
+
+void Engine::Erase(uint64_t client) {
+  auto it = requests_.find(client);
+  KV_CHECK(it != requests_.end());
+  client_of_slot_.erase(it->second.id.index);
+  requests_.erase(it);
 }
 
 void Engine::AbortOne(Request& r) {
@@ -141,7 +150,7 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
     KV_CHECK(!connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false));
   }
   FreeBlocks(r);
-  requests_.erase(client);
+  Erase(client);
 }
 
 void Engine::FreeBlocks(Request& r) {
@@ -178,14 +187,14 @@ void Engine::ApplyFinished(const EngineFinished& f) {
     Request* r = Find(id);
     KV_CHECK(r != nullptr && r->phase == Phase::kHeld);
     FreeBlocks(*r);
-    requests_.erase(r->client);
+    Erase(r->client);
     dirty_ = true;
   }
   for (const RequestId& id : f.released) {
     Request* r = Find(id);
     KV_CHECK(r != nullptr && r->phase == Phase::kReleasing);
     FreeBlocks(*r);
-    requests_.erase(r->client);
+    Erase(r->client);
     dirty_ = true;
   }
   for (const LoadOutcome& done : f.recving_done) {
@@ -211,7 +220,7 @@ void Engine::ApplyFinished(const EngineFinished& f) {
     } else {
       ++stats_.loads_failed;
       actions_.push_back(RequestDone{r->client, FinishReason::kError, "KV load failed"});
-      requests_.erase(r->client);
+      Erase(r->client);
     }
   }
 }

@@ -44,6 +44,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -206,19 +207,18 @@ class Engine {
   void FreeBlocks(Request& r);
   void DropKv(Request& r);   // preempt: free KV, 0 computed, back to waiting
   void Requeue(uint64_t client);
-  void Erase(uint64_t client);
-  Request* Find(RequestId id);
+  void Erase(uint64_t client);   // forgets a request (and its slot)
+  Request* Find(RequestId id);   // O(1): by slot, then generation
   uint64_t Fingerprint(const Request& r) const;
   // scheduling (schedule.cc)
   uint32_t Schedule();
-  bool AdmitWaiting(uint32_t* budget);
+  void AdmitWaiting();
   bool AdvanceRunning(Request& r, uint32_t* budget);
   bool EnsureBlocks(Request& r, uint32_t tokens);
   void WriteKv(Request& r, uint32_t upto);
   Token Generate(Request& r);
   bool PreemptNewerThan(const Request& self);
   bool SchedulingAllowed() const;
-  bool AdmissionAllowed() const;
   // lifecycle (lifecycle.cc)
   uint64_t Enqueue(ControlOp op);
   void ProgressControl();
@@ -237,6 +237,7 @@ class Engine {
   bool frozen_ = false;      // quiesced by an operation in progress
   bool draining_ = false;    // a wait-mode operation: admit nothing new
   std::map<uint64_t, Request> requests_;
+  std::unordered_map<uint32_t, uint64_t> client_of_slot_;  // RequestId.index → client
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> running_;
   std::deque<ControlOp> ops_;
@@ -247,7 +248,6 @@ class Engine {
   bool dirty_ = false;       // an input or the last step changed something
   bool resetting_ = false;   // a cache reset released transfers, not done
   bool kv_discarded_ = false;  // sleep >= 1 / release: wake re-registers
-  uint64_t drain_mark_ = 0;  // the draining op's drain_mark
   struct Stats {
     uint64_t preemptions = 0;
     uint64_t loads_recomputed = 0;

@@ -1178,7 +1178,7 @@ TEST_F(LifecycleTest, WaitModeCoversOnlyRequestsBeforeTheCall) {
   h.MustAdd(100, MakePrompt(100, 6), 4);  // after the call, before a step
   ASSERT_TRUE(h.RunUntilOp(op));
   EXPECT_TRUE(h.Op(op).ok);
-  // Regression (found by this test, fixed): drain_mark_ is taken when the operation starts running (the next
+  // Regression (found by this test, fixed): the drain cut-off was taken when the operation started running (the next
   // Step), not when Pause() is called, so client 100 — added after the
   // call — is drained (served to completion) before the pause completes.
   // Expected: client 100 has no tokens until resume.

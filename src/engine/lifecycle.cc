@@ -210,8 +210,7 @@ bool Engine::Quiesce(ControlOp& op) {
           op.stage = OpStage::kRelease;
           break;
         }
-        draining_ = true;
-        drain_mark_ = op.drain_mark;
+        draining_ = true;  // AdmitWaiting reads this op's drain_mark
         op.stage = OpStage::kDrain;
         break;
       case PauseMode::kKeep:
@@ -225,7 +224,7 @@ bool Engine::Quiesce(ControlOp& op) {
     for (const auto& [c, r] : requests_) {
       const bool in_flight = r.phase == Phase::kWaiting || r.phase == Phase::kRunning ||
                              r.phase == Phase::kWaitingRemote;
-      if (in_flight && r.arrival <= drain_mark_) return false;
+      if (in_flight && r.arrival <= op.drain_mark) return false;
     }
     draining_ = false;
     frozen_ = true;

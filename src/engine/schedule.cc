@@ -11,8 +11,6 @@ bool Engine::SchedulingAllowed() const {
   return state_ == EngineState::kActive && !frozen_ && weights_loaded_;
 }
 
-bool Engine::AdmissionAllowed() const { return SchedulingAllowed(); }
-
 Duration Engine::Step(std::span<const RankReport> reports, Instant /*now*/) {
   dirty_ = false;
   for (uint32_t rank = 0; rank < reports.size(); ++rank) {
@@ -31,7 +29,7 @@ Duration Engine::Step(std::span<const RankReport> reports, Instant /*now*/) {
 uint32_t Engine::Schedule() {
   if (!SchedulingAllowed()) return 0;
   uint32_t budget = options_.max_batch_tokens;
-  AdmitWaiting(&budget);
+  AdmitWaiting();
   // Oldest first; a request preempted meanwhile is skipped.
   std::vector<uint64_t> order = running_;
   for (uint64_t client : order) {
@@ -44,14 +42,15 @@ uint32_t Engine::Schedule() {
 }
 
 // Admits waiting requests in arrival order while blocks allow; the head
-// that does not fit blocks the rest (no reordering).
-bool Engine::AdmitWaiting(uint32_t* budget) {
-  (void)budget;
-  bool admitted = false;
+// that does not fit blocks the rest (no reordering). A wait-mode drain
+// admits only the requests that arrived before its call.
+void Engine::AdmitWaiting() {
+  KV_CHECK(!draining_ || !ops_.empty());  // a drain is its operation's stage
+  const uint64_t drain_mark = draining_ ? ops_.front().drain_mark : UINT64_MAX;
   while (!waiting_.empty() && running_.size() < options_.max_running) {
     const uint64_t client = waiting_.front();
     Request& r = requests_.at(client);
-    if (draining_ && r.arrival > drain_mark_) break;  // wait mode: nothing new
+    if (r.arrival > drain_mark) break;  // wait mode: nothing new
     const uint32_t bs = options_.shape.block_tokens;
     if (r.remote_prefill) {
       const uint32_t need = BlocksFor(r.prompt_len, bs);
@@ -67,7 +66,6 @@ bool Engine::AdmitWaiting(uint32_t* budget) {
       connector_.OnBlocksAllocated(r.id, r.blocks, Fingerprint(r));
       r.phase = Phase::kWaitingRemote;
       waiting_.pop_front();
-      admitted = true;
       dirty_ = true;
       continue;
     }
@@ -99,10 +97,8 @@ bool Engine::AdmitWaiting(uint32_t* budget) {
     r.phase = Phase::kRunning;
     running_.push_back(client);
     waiting_.pop_front();
-    admitted = true;
     dirty_ = true;
   }
-  return admitted;
 }
 
 // Computes the next chunk of `r` (prefill) or its next token (decode).

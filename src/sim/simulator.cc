@@ -178,7 +178,6 @@ SimResult Simulator::Run() {
                   params_.plan.name + " call; it must be kept");
       }
     }
-    result_.call_returned = !planned_.empty() || params_.plan.op == ScenarioPlan::Op::kNone;
   }
   for (const Node& node : nodes_) result_.blocks_left += node.engine->pool().num_referenced();
   result_.trace_hash = hash;

@@ -82,8 +82,6 @@ struct SimResult {
   uint32_t requests_ok = 0, requests_error = 0, requests_aborted = 0;
   uint32_t ops = 0, ops_failed = 0;
   // Scenario mode (a lifecycle-matrix case):
-  bool call_returned = false;   // every planned call returned
-  bool call_ok = true;          // ...each with ok=true
   Duration call_latency;        // the slowest planned call
   uint32_t probes_ok = 0;
   size_t blocks_left = 0;       // referenced blocks on all pools at the end
