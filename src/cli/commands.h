@@ -7,6 +7,7 @@ namespace kvrelay::cli {
 
 void RegisterBench(CLI::App& app);
 void RegisterSim(CLI::App& app);
+void RegisterServe(CLI::App& app);
 
 // The process exit code chosen by the subcommand that ran (0 by default).
 int ExitCode();

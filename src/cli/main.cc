@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   kvrelay::cli::RegisterBench(app);
   kvrelay::cli::RegisterSim(app);
+  kvrelay::cli::RegisterServe(app);
   CLI11_PARSE(app, argc, argv);
   return kvrelay::cli::ExitCode();
 }

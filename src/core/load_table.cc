@@ -56,6 +56,7 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
   load.transfer = transfer;
   load.prompt_hash = prompt_hash;
   load.dst = dst;
+  load.started = now;
   load.giveup = now + options_.abort_timeout + options_.giveup_grace;
   load.unanswered = static_cast<uint32_t>(producers.size());
   for (const PeerId& peer : producers) {
@@ -282,6 +283,23 @@ void LoadTable::CheckInvariants() const {
     KV_CHECK_GT(unanswered, 0u);  // a complete load is never left live
     KV_CHECK_EQ(any_error, load.failed);
   }
+}
+
+}  // namespace kvrelay
+
+namespace kvrelay {
+
+std::vector<LoadView> LoadTable::Loads() const {
+  std::vector<LoadView> out;
+  out.reserve(by_transfer_.size());
+  for (const Load& l : loads_) {
+    if (!l.used) continue;
+    out.push_back(LoadView{l.request, l.transfer, l.started,
+                           static_cast<uint32_t>(l.producers.size()), l.unanswered,
+                           static_cast<uint32_t>(l.dst.size()), l.failed, l.released,
+                           l.cut_short});
+  }
+  return out;
 }
 
 }  // namespace kvrelay

@@ -121,6 +121,19 @@ struct LoadTableStats {
   uint64_t resent = 0;             // pulls resent after a reconnect
 };
 
+// One live load as observers (/debug/state) see it.
+struct LoadView {
+  RequestId request;
+  TransferId transfer;
+  Instant started;
+  uint32_t producers = 0;
+  uint32_t unanswered = 0;
+  uint32_t blocks = 0;
+  bool failed = false;
+  bool released = false;
+  bool cut_short = false;
+};
+
 class LoadTable {
  public:
   explicit LoadTable(const LoadTableOptions& options);
@@ -175,6 +188,8 @@ class LoadTable {
     return by_request_.count(request) != 0;
   }
   size_t live_loads() const { return by_transfer_.size(); }
+  // Every live load, in slot order. O(loads); for observers.
+  std::vector<LoadView> Loads() const;
   const LoadTableStats& stats() const { return stats_; }
   void CheckInvariants() const;
 
@@ -200,6 +215,7 @@ class LoadTable {
     bool cut_short = false;
     uint64_t prompt_hash = 0;
     std::vector<BlockId> dst;     // kept for resends
+    Instant started;
     Instant giveup;
     uint32_t next_free = kNil;
   };

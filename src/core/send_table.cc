@@ -65,7 +65,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
     return ResourceExhaustedError("send table full (max_sends=" +
                                   std::to_string(options_.max_sends) + ")");
   }
-  uint32_t s = NewSend(transfer);
+  uint32_t s = NewSend(transfer, now);
   sends_[s].claimed = true;
   sends_[s].need = need;
   sends_[s].prompt_hash = prompt_hash;
@@ -224,7 +224,7 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
     } else {
       // P has never heard of it: a placeholder that expires one timeout
       // after this pull unless P claims it.
-      s = NewSend(item->transfer);
+      s = NewSend(item->transfer, now);
       ++stats_.placeholders;
       expiry_.Arm(s, now + options_.abort_timeout);
     }
@@ -436,7 +436,7 @@ void SendTable::OnItemDeadline(uint32_t i, Instant now) {
 // ---------------------------------------------------------------------------
 // Slabs, lists, answers, tombstones.
 
-uint32_t SendTable::NewSend(TransferId transfer) {
+uint32_t SendTable::NewSend(TransferId transfer, Instant now) {
   uint32_t s;
   if (free_sends_ != kNil) {
     s = free_sends_;
@@ -451,6 +451,7 @@ uint32_t SendTable::NewSend(TransferId transfer) {
   send.used = true;
   send.generation = gen;
   send.transfer = transfer;
+  send.created = now;
   index_.emplace(transfer, s);
   return s;
 }
@@ -671,6 +672,31 @@ void SendTable::CheckInvariants() const {
   // A sender is idle only when nothing waits for one.
   if (admission_.size > 0) KV_CHECK_EQ(writes_in_flight_, options_.num_workers);
   for (const auto& [t, r] : tombstones_) KV_CHECK(r != TransferResult::kOk);
+}
+
+}  // namespace kvrelay
+
+namespace kvrelay {
+
+const char* SendStateName(SendState state) {
+  switch (state) {
+    case SendState::kWaiting: return "WAITING";
+    case SendState::kReady: return "READY";
+    case SendState::kDone: return "DONE";
+  }
+  return "?";
+}
+
+std::vector<SendView> SendTable::Sends() const {
+  std::vector<SendView> out;
+  out.reserve(index_.size());
+  for (const Send& s : sends_) {
+    if (!s.used) continue;
+    out.push_back(SendView{s.transfer, s.state, s.created, s.need, s.pulled,
+                           s.writes_in_flight, static_cast<uint32_t>(s.blocks.size()),
+                           s.items.size});
+  }
+  return out;
 }
 
 }  // namespace kvrelay

@@ -161,6 +161,19 @@ struct SendFinished {
 using SendAction = std::variant<AnswerPull, StartWrite, SendFinished>;
 
 enum class SendState : uint8_t { kWaiting, kReady, kDone };
+const char* SendStateName(SendState state);
+
+// One live send as observers (/debug/state) see it.
+struct SendView {
+  TransferId transfer;
+  SendState state = SendState::kWaiting;
+  Instant created;             // first seen (claim, or a pull before it)
+  uint32_t need = 0;           // D ranks that must pull from this rank
+  uint32_t pulled = 0;         // of them, pulls answered ok
+  uint32_t writes_in_flight = 0;
+  uint32_t blocks = 0;         // blocks held (READY and later)
+  uint32_t items = 0;          // pull items waiting, queued or writing
+};
 
 struct SendTableStats {
   uint64_t claims = 0;
@@ -243,6 +256,8 @@ class SendTable {
     return tombstones_.count(transfer) != 0;
   }
   size_t live_sends() const { return index_.size(); }
+  // Every live send, in slot order. O(sends); for observers, not hot paths.
+  std::vector<SendView> Sends() const;
   size_t live_pull_items() const { return live_items_; }
   size_t tombstones() const { return tombstones_.size(); }
   uint32_t writes_in_flight() const { return writes_in_flight_; }
@@ -289,6 +304,7 @@ class SendTable {
     uint32_t generation = 0;
     TransferId transfer;
     SendState state = SendState::kWaiting;
+    Instant created;
     bool claimed = false;
     bool holds_blocks = false;   // Ready() accepted; SendFinished owed
     TransferResult end_reason = TransferResult::kOk;
@@ -313,7 +329,7 @@ class SendTable {
   void OnItemDeadline(uint32_t i, Instant now);
 
   // --- helpers ---
-  uint32_t NewSend(TransferId transfer);
+  uint32_t NewSend(TransferId transfer, Instant now);
   void FreeSend(uint32_t s);
   uint32_t NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
                    const PullItem& pulled, Instant now);

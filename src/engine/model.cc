@@ -12,6 +12,10 @@ bool ModelShapeByName(const std::string& name, ModelShape* out) {
     *out = ModelShape{"tiny", 2, 4, 8, 2, 4, 32000, 1024};
     return true;
   }
+  if (name == "small") {
+    *out = ModelShape{"small", 8, 4, 64, 2, 16, 32000, 4096};
+    return true;
+  }
   if (name == "8b") {
     *out = ModelShape{"8b", 36, 8, 128, 2, 16, 128256, 32768};
     return true;

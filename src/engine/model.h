@@ -48,7 +48,8 @@ struct ModelShape {
   }
 };
 
-// "tiny" (tests, simulator) or "8b" (36 layers, 8 KV heads, head_dim 128,
+// "tiny" (tests, simulator), "small" (8 layers, 4 KV heads, head_dim 64,
+// bf16, 16-token blocks: 128 KiB per block; demos) or "8b" (36 layers, 8 KV heads, head_dim 128,
 // bf16, 16-token blocks). False for an unknown name.
 bool ModelShapeByName(const std::string& name, ModelShape* out);
 

@@ -1,0 +1,188 @@
+// `kvrelay serve`: one engine process (prefill, decode, both or plain)
+// behind the HTTP API, with its control channel and data plane.
+//
+// SIGINT/SIGTERM: stop admitting, abort what runs so every pull is
+// answered, wait (bounded) for transfers to settle, exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "runtime/clock.h"
+#include "server/engine_server.h"
+
+namespace kvrelay::cli {
+namespace {
+
+struct ServeCliOptions {
+  std::string role = "both";
+  uint32_t tp = 1;
+  std::string shape = "tiny";
+  std::string transport = "shm";
+  std::string host = "127.0.0.1";
+  uint16_t port = 8100;
+  int ctrl_port = -1;
+  std::string advertise_host;
+  uint32_t engine_id = 0;
+  uint32_t num_blocks = 0;
+  uint32_t max_batch_tokens = 0;
+  uint32_t max_running = 64;
+  uint32_t max_waiting = 4096;
+  uint32_t num_workers = 4;
+  uint32_t tcp_streams = 4;
+  std::string ucx_tls;
+  double abort_timeout_s = 480;
+  double giveup_grace_s = 60;
+  double step_base_us = 500;
+  double step_per_token_us = 20;
+  double peer_dead_after_s = 10;
+  std::string load_failure_policy = "recompute";
+  uint32_t http_threads = 512;
+  bool no_prefix_caching = false;
+};
+
+int RunServe(const ServeCliOptions& o) {
+  server::ServerOptions so;
+  runtime::NodeOptions& no = so.node;
+  engine::EngineOptions& eo = no.engine;
+  if (o.role == "prefill") {
+    eo.role = engine::Role::kProducer;
+  } else if (o.role == "decode") {
+    eo.role = engine::Role::kConsumer;
+  } else if (o.role == "both") {
+    eo.role = engine::Role::kBoth;
+  } else if (o.role == "plain") {
+    eo.role = engine::Role::kPlain;
+  } else {
+    std::fprintf(stderr, "kvrelay serve: --role must be prefill, decode, both or plain\n");
+    return 2;
+  }
+  if (!engine::ModelShapeByName(o.shape, &eo.shape)) {
+    std::fprintf(stderr, "kvrelay serve: unknown --model-shape '%s' (tiny, small or 8b)\n",
+                 o.shape.c_str());
+    return 2;
+  }
+  if (!net::ParseTransport(o.transport, &no.transport)) {
+    std::fprintf(stderr, "kvrelay serve: --transport must be shm, tcp or ucx\n");
+    return 2;
+  }
+  if (o.load_failure_policy == "recompute") {
+    eo.load_failure_policy = engine::LoadFailurePolicy::kRecompute;
+  } else if (o.load_failure_policy == "fail") {
+    eo.load_failure_policy = engine::LoadFailurePolicy::kFail;
+  } else {
+    std::fprintf(stderr, "kvrelay serve: --load-failure-policy must be recompute or fail\n");
+    return 2;
+  }
+  eo.tp = o.tp;
+  eo.engine_id = o.engine_id != 0 ? o.engine_id : o.port;
+  eo.incarnation = runtime::NewIncarnation();
+  eo.num_blocks = o.num_blocks != 0 ? o.num_blocks : (eo.shape.name == "tiny" ? 4096 : 512);
+  eo.max_batch_tokens =
+      o.max_batch_tokens != 0 ? o.max_batch_tokens : (eo.shape.name == "tiny" ? 2048 : 8192);
+  eo.max_running = o.max_running;
+  eo.max_waiting = o.max_waiting;
+  eo.prefix_caching = !o.no_prefix_caching;
+  eo.step_base = Duration::Nanoseconds(static_cast<int64_t>(o.step_base_us * 1e3));
+  eo.step_per_token = Duration::Nanoseconds(static_cast<int64_t>(o.step_per_token_us * 1e3));
+  no.listen_host = o.host;
+  no.advertise_host = o.advertise_host.empty() ? o.host : o.advertise_host;
+  no.ctrl_port = static_cast<uint16_t>(o.ctrl_port >= 0 ? o.ctrl_port : o.port + 1000);
+  no.num_workers = o.num_workers;
+  no.transport_options.listen_host = o.host;
+  no.transport_options.tcp_streams = o.tcp_streams;
+  no.transport_options.ucx_tls = o.ucx_tls;
+  no.abort_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.abort_timeout_s * 1e9));
+  no.giveup_grace = Duration::Nanoseconds(static_cast<int64_t>(o.giveup_grace_s * 1e9));
+  no.peer_dead_after = Duration::Nanoseconds(static_cast<int64_t>(o.peer_dead_after_s * 1e9));
+  so.http_host = o.host;
+  so.http_port = o.port;
+  so.http_threads = o.http_threads;
+
+  // Signals are taken by a thread that waits for them, not a handler.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Result<std::unique_ptr<server::EngineServer>> server = server::EngineServer::Start(so);
+  if (!server.ok()) {
+    std::fprintf(stderr, "kvrelay serve: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr,
+               "kvrelay serve: %s engine %u (incarnation %u), tp %u, shape %s, %u blocks, "
+               "transport %s, http %s:%u, control %s:%u+rank\n",
+               o.role.c_str(), eo.engine_id, eo.incarnation, eo.tp, eo.shape.name.c_str(),
+               eo.num_blocks, net::TransportName(no.transport), o.host.c_str(),
+               (*server)->port(), no.advertise_host.c_str(), no.ctrl_port);
+  std::fflush(stderr);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "kvrelay serve: signal %d: draining and stopping\n", sig);
+  (*server)->Stop();
+  std::fprintf(stderr, "kvrelay serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& app) {
+  auto o = std::make_shared<ServeCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "Run one engine: the OpenAI-compatible HTTP API, admin calls, /metrics, and the KV "
+      "control channel and data plane");
+  cmd->add_option("--role", o->role, "prefill | decode | both | plain")->capture_default_str();
+  cmd->add_option("--tp", o->tp, "tensor-parallel ranks (1, 2 or 4)")->capture_default_str();
+  cmd->add_option("--model-shape", o->shape, "tiny | small | 8b")->capture_default_str();
+  cmd->add_option("--transport", o->transport, "data plane: shm | tcp | ucx")
+      ->capture_default_str();
+  cmd->add_option("--host", o->host, "address to listen on (HTTP, control, tcp data)")
+      ->capture_default_str();
+  cmd->add_option("--port", o->port, "HTTP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--ctrl-port", o->ctrl_port,
+                  "control channel base port; rank r listens on it + r (default: --port + 1000)");
+  cmd->add_option("--advertise-host", o->advertise_host,
+                  "host D engines should connect to (default: --host)");
+  cmd->add_option("--engine-id", o->engine_id,
+                  "this engine's id, unique in the cluster (default: --port)");
+  cmd->add_option("--num-blocks", o->num_blocks,
+                  "KV blocks in the pool (default: 4096 for tiny, 512 otherwise)");
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per step");
+  cmd->add_option("--max-running", o->max_running, "requests running at once")
+      ->capture_default_str();
+  cmd->add_option("--max-waiting", o->max_waiting, "bound on the waiting queue")
+      ->capture_default_str();
+  cmd->add_option("--num-workers", o->num_workers, "data-plane writes in flight per rank")
+      ->capture_default_str();
+  cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
+      ->capture_default_str();
+  cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS (default: UCX's choice)");
+  cmd->add_option("--abort-timeout-s", o->abort_timeout_s,
+                  "how long a finished prefill waits to be pulled, and a pull for its prefill")
+      ->capture_default_str();
+  cmd->add_option("--giveup-grace-s", o->giveup_grace_s,
+                  "D gives up a load this long after its pull's deadline")
+      ->capture_default_str();
+  cmd->add_option("--peer-dead-after-s", o->peer_dead_after_s,
+                  "D fails loads from a P silent this long")
+      ->capture_default_str();
+  cmd->add_option("--step-base-us", o->step_base_us, "modelled step time: fixed part")
+      ->capture_default_str();
+  cmd->add_option("--step-per-token-us", o->step_per_token_us,
+                  "modelled step time: per token computed")
+      ->capture_default_str();
+  cmd->add_option("--load-failure-policy", o->load_failure_policy,
+                  "a failed KV load: recompute | fail")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads, "HTTP connections served at once")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "disable the prefix cache");
+  cmd->callback([o] { SetExitCode(RunServe(*o)); });
+}
+
+}  // namespace kvrelay::cli

@@ -1,0 +1,126 @@
+// transport.h — the data plane: one interface, three implementations (shm,
+// tcp, ucx), chosen by a flag at start-up.
+//
+// Why this shape: the connector decides *what* to write (a StartWrite: src
+// blocks on P, dst blocks on D, a deadline); a transport only moves bytes.
+// Every rank owns one registered Region that holds its KV (the engine's
+// ByteKvMemory lives in it). Its registration bytes travel in the control
+// channel's handshake; a writer on another process Open()s them into a
+// Target and copies Segments from its own Region into the remote one. This
+// is RDMA's model (register, exchange keys, one-sided put) and the same
+// code path serves shared memory, our own TCP stream and UCX.
+//
+// Guarantees, identical across transports:
+//   - Target::Write returns OK only when every byte is at the destination
+//     (shm: copied; tcp: the receiver wrote it and acknowledged; ucx: the
+//     put and a flush completed). A failed Write may have written a prefix.
+//   - tcp's receiver writes only into blocks that the region's GrantTable
+//     grants to that transfer at that moment; anything else is refused and
+//     counted (a peer can never write outside what it was granted). shm and
+//     ucx are one-sided, like RDMA: the writer's own connector enforces the
+//     grant (it writes only the dst blocks of a pull it received).
+//
+// Threading: Transport, Region and Target are thread-safe; several writer
+// threads may call Target::Write at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "base/status.h"
+#include "base/transfer_id.h"
+#include "net/grant_table.h"
+
+namespace kvrelay::net {
+
+enum class TransportKind : uint8_t { kShm = 0, kTcp = 1, kUcx = 2 };
+const char* TransportName(TransportKind kind);
+// "shm" | "tcp" | "ucx"; false for anything else.
+bool ParseTransport(const std::string& name, TransportKind* out);
+
+// How a rank's region is laid out (ByteKvMemory's layout): `planes`
+// (layer × K|V) planes, each `num_blocks` blocks of `block_stride_bytes`.
+// Block b of plane p is [(p*num_blocks + b)*stride, +stride).
+struct RegionLayout {
+  uint64_t planes = 0;
+  uint32_t num_blocks = 0;
+  uint64_t block_stride_bytes = 0;
+  uint64_t bytes() const { return planes * num_blocks * block_stride_bytes; }
+  // The block a byte offset falls in.
+  uint32_t BlockOf(uint64_t offset) const {
+    return static_cast<uint32_t>((offset / block_stride_bytes) % num_blocks);
+  }
+};
+
+// One contiguous copy: `bytes` at `src_offset` of the writer's region to
+// `dst_offset` of the target region.
+struct Segment {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
+  bool operator==(const Segment&) const = default;
+};
+
+struct TransportStats {
+  std::atomic<uint64_t> writes_ok{0};
+  std::atomic<uint64_t> writes_failed{0};
+  std::atomic<uint64_t> bytes_written{0};
+  std::atomic<uint64_t> bytes_received{0};     // tcp receiver
+  std::atomic<uint64_t> writes_refused{0};     // tcp receiver: not granted / out of range
+  std::atomic<uint64_t> frames_malformed{0};   // tcp receiver
+};
+
+// A rank's registered KV memory.
+class Region {
+ public:
+  virtual ~Region() = default;
+  virtual std::span<uint8_t> bytes() = 0;
+  virtual const RegionLayout& layout() const = 0;
+  // What a remote writer needs to Open() this region (segment name, host
+  // and port, rkey and worker address, ...). Opaque outside the transport.
+  virtual const std::vector<uint8_t>& registration() const = 0;
+  virtual GrantTable& grants() = 0;
+};
+
+// A remote region, open for writing from a local one.
+class Target {
+ public:
+  virtual ~Target() = default;
+  // Copies every segment from the local region to the remote one; returns
+  // when the bytes are there. `transfer` names the grant the receiver
+  // checks (tcp). REQUIRES: segments inside both regions.
+  virtual Status Write(TransferId transfer, std::span<const Segment> segments) = 0;
+};
+
+struct TransportOptions {
+  std::string listen_host = "127.0.0.1";  // tcp: where the receiver listens
+  uint32_t tcp_streams = 4;               // tcp: connections per Target
+  std::string ucx_tls;                    // ucx: UCX_TLS for the context ("" = UCX's default)
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual TransportKind kind() const = 0;
+  // A new registered region of layout.bytes() bytes, zero-filled. `name`
+  // is unique per process and rank (shm uses it for the segment name).
+  virtual Result<std::unique_ptr<Region>> CreateRegion(const std::string& name,
+                                                       const RegionLayout& layout) = 0;
+  // Opens a remote region from its registration, to write from `local`.
+  // Errors: kInvalidArgument (malformed registration), kUnavailable.
+  virtual Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
+                                               Region* local) = 0;
+  virtual const TransportStats& stats() const = 0;
+};
+
+Result<std::unique_ptr<Transport>> MakeShmTransport(const TransportOptions& options);
+Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options);
+Result<std::unique_ptr<Transport>> MakeUcxTransport(const TransportOptions& options);
+Result<std::unique_ptr<Transport>> MakeTransport(TransportKind kind, const TransportOptions& options);
+
+}  // namespace kvrelay::net

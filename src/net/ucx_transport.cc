@@ -1,0 +1,748 @@
+// ucx_transport.cc — the UCX implementation of Transport; see
+// ucx_transport.h for the model, thread model and ownership.
+//
+// Layout of this file: UcxCore (context, worker, progress thread, the
+// worker mutex), Mapping (one registered memory range), the registration
+// codec, UcxRegion, UcxTarget, UcxTransport, MakeUcxTransport.
+
+#include "net/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "base/check.h"
+
+namespace kvrelay::net {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a Write waits for its flush before giving up.
+constexpr auto kWriteTimeout = std::chrono::seconds(30);
+// How long closing an endpoint may take before we let UCX finish it alone.
+constexpr auto kEpCloseTimeout = std::chrono::seconds(5);
+// The progress thread's poll() bound: the efd wakes it; this only covers
+// an event consumed by a writer's progress call between arm and poll.
+constexpr int kProgressPollTimeoutMs = 50;
+// Progress calls per hold of the worker mutex by the progress thread, so
+// a busy target does not starve writers.
+constexpr int kProgressBurst = 64;
+// A waiting writer spins this many idle progress calls before it blocks
+// (briefly) for the progress thread to report progress.
+constexpr int kWriterIdleSpins = 64;
+constexpr auto kWriterBlockBound = std::chrono::milliseconds(1);
+
+std::string UcsError(const std::string& what, ucs_status_t status) {
+  return what + ": " + ucs_status_string(status);
+}
+
+// An error of a put/flush/close: the peer or the path to it is gone.
+Status UcsToStatus(const std::string& what, ucs_status_t status) {
+  return UnavailableError(UcsError(what, status));
+}
+
+// What an endpoint's error callback writes. Owned by its UcxTarget, or by
+// the core if the endpoint outlived the Target (a close that timed out), so
+// the callback never writes to freed memory.
+struct EpState {
+  std::atomic<ucs_status_t> error{UCS_OK};
+};
+
+// ---------------------------------------------------------------------------
+// UcxCore: the state shared by a transport's regions and targets.
+//
+// Owned through shared_ptr by UcxTransport, every UcxRegion's Mapping and
+// every UcxTarget; destroyed with the last of them. Thread-safe: `mu`
+// serializes all use of `worker` (and of context-level calls: mem map,
+// rkey pack); `stats` are atomics.
+// Invariant: while the core lives, the progress thread runs.
+class UcxCore {
+ public:
+  static Result<std::shared_ptr<UcxCore>> Create(const TransportOptions& options);
+  ~UcxCore();
+  UcxCore(const UcxCore&) = delete;
+  UcxCore& operator=(const UcxCore&) = delete;
+
+  // Progresses the worker until every request in `requests` (non-null
+  // UCX request handles) has completed, then returns true and sets
+  // *status to the first error among them (UCS_OK if none). Returns false
+  // if `deadline` passed first (some are still pending). Does not free them.
+  // REQUIRES: `mu` not held.
+  bool WaitRequests(const std::vector<void*>& requests, Clock::time_point deadline,
+                    ucs_status_t* status);
+
+  // Frees request handles (completed or not; UCX frees a pending one when it
+  // completes). REQUIRES: `mu` not held.
+  void FreeRequests(const std::vector<void*>& requests);
+
+  // Keeps [addr, addr+bytes) reserved until teardown and returns its pages.
+  void RetireRange(void* addr, size_t bytes);
+  // Keeps the state of an endpoint whose close did not finish until the
+  // worker is destroyed (its error callback may still run until then).
+  void AdoptOrphan(std::unique_ptr<EpState> state);
+
+  std::mutex mu;  // guards every call on worker/context below
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<uint8_t> worker_address;
+  TransportStats stats;
+
+ private:
+  UcxCore() = default;
+  void ProgressLoop();
+  // Called by the progress thread after a round that made progress.
+  void NoteProgress();
+
+  int efd_ = -1;  // -1: UCX gave no event fd; the loop polls on a timeout
+  std::atomic<bool> stop_{false};
+  std::thread progress_thread_;
+
+  // Wakes writers blocked in WaitRequests when the progress thread made
+  // progress (so a writer need not spin for a slow tcp peer).
+  std::mutex epoch_mu_;
+  std::condition_variable epoch_cv_;
+  uint64_t epoch_ = 0;  // guarded by epoch_mu_
+
+  std::mutex retired_mu_;
+  std::vector<std::pair<void*, size_t>> retired_;  // guarded by retired_mu_
+  std::vector<std::unique_ptr<EpState>> orphans_;   // guarded by retired_mu_
+};
+
+Result<std::shared_ptr<UcxCore>> UcxCore::Create(const TransportOptions& options) {
+  std::shared_ptr<UcxCore> core(new UcxCore());
+
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return UnavailableError(UcsError("ucx: ucp_config_read", st));
+  if (!options.ucx_tls.empty()) {
+    st = ucp_config_modify(config, "TLS", options.ucx_tls.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return UnavailableError(UcsError("ucx: TLS=" + options.ucx_tls, st));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;  // one worker, serialized by our mutex
+  params.name = "kvrelay";
+  st = ucp_init(&params, config, &core->context);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    core->context = nullptr;
+    return UnavailableError(UcsError("ucx: ucp_init", st));
+  }
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  st = ucp_worker_create(core->context, &wparams, &core->worker);
+  if (st != UCS_OK) {
+    core->worker = nullptr;
+    return UnavailableError(UcsError("ucx: ucp_worker_create", st));
+  }
+
+  ucp_address_t* address = nullptr;
+  size_t address_len = 0;
+  st = ucp_worker_get_address(core->worker, &address, &address_len);
+  if (st != UCS_OK) return UnavailableError(UcsError("ucx: ucp_worker_get_address", st));
+  const auto* p = reinterpret_cast<const uint8_t*>(address);
+  core->worker_address.assign(p, p + address_len);
+  ucp_worker_release_address(core->worker, address);
+  if (core->worker_address.empty() || core->worker_address.size() > kUcxMaxBlobBytes) {
+    return UnavailableError("ucx: worker address of " + std::to_string(address_len) +
+                            " bytes (limit " + std::to_string(kUcxMaxBlobBytes) + ")");
+  }
+
+  int efd = -1;
+  if (ucp_worker_get_efd(core->worker, &efd) == UCS_OK) core->efd_ = efd;
+
+  core->progress_thread_ = std::thread([c = core.get()] { c->ProgressLoop(); });
+  return core;
+}
+
+UcxCore::~UcxCore() {
+  if (progress_thread_.joinable()) {
+    stop_.store(true, std::memory_order_release);
+    ucp_worker_signal(worker);  // safe from any thread; wakes the poll()
+    progress_thread_.join();
+  }
+  // Every endpoint and memory handle holds a reference to this core, so
+  // they are gone by now.
+  if (worker != nullptr) ucp_worker_destroy(worker);
+  if (context != nullptr) ucp_cleanup(context);
+  for (auto& [addr, bytes] : retired_) munmap(addr, bytes);
+}
+
+void UcxCore::ProgressLoop() {
+  while (!stop_.load(std::memory_order_acquire)) {
+    unsigned progressed = 0;
+    ucs_status_t armed = UCS_ERR_UNSUPPORTED;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      int burst = 0;
+      unsigned n = 0;
+      while (burst < kProgressBurst && (n = ucp_worker_progress(worker)) != 0) {
+        progressed += n;
+        ++burst;
+      }
+      // Arm only when drained: a full burst means more work is waiting.
+      if (burst < kProgressBurst && efd_ >= 0) {
+        armed = ucp_worker_arm(worker);
+      } else if (burst >= kProgressBurst) {
+        armed = UCS_ERR_BUSY;
+      }
+    }
+    if (progressed != 0) NoteProgress();
+    if (armed == UCS_ERR_BUSY) continue;
+    if (stop_.load(std::memory_order_acquire)) break;
+    pollfd pfd{};
+    pfd.fd = efd_;
+    pfd.events = POLLIN;
+    // Without an armed efd this is a plain bounded wait for the next round.
+    poll(armed == UCS_OK ? &pfd : nullptr, armed == UCS_OK ? 1 : 0,
+         kProgressPollTimeoutMs);
+  }
+}
+
+void UcxCore::NoteProgress() {
+  {
+    std::lock_guard<std::mutex> lock(epoch_mu_);
+    ++epoch_;
+  }
+  epoch_cv_.notify_all();
+}
+
+bool UcxCore::WaitRequests(const std::vector<void*>& requests, Clock::time_point deadline,
+                           ucs_status_t* status) {
+  size_t next = 0;  // requests before `next` have completed
+  ucs_status_t& first_error = *status;
+  first_error = UCS_OK;
+  int idle = 0;
+  for (;;) {
+    uint64_t epoch_seen;
+    {
+      std::lock_guard<std::mutex> lock(epoch_mu_);
+      epoch_seen = epoch_;
+    }
+    unsigned progressed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      progressed = ucp_worker_progress(worker);
+      while (next < requests.size()) {
+        ucs_status_t st = ucp_request_check_status(requests[next]);
+        if (st == UCS_INPROGRESS) break;
+        if (st != UCS_OK && first_error == UCS_OK) first_error = st;
+        ++next;
+      }
+    }
+    if (next == requests.size()) return true;
+    if (Clock::now() >= deadline) return false;
+    if (progressed != 0) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < kWriterIdleSpins) {
+      std::this_thread::yield();
+      continue;
+    }
+    // Nothing to do here for a while: let the progress thread (woken by the
+    // worker's efd) drive, and come back when it made progress.
+    std::unique_lock<std::mutex> lock(epoch_mu_);
+    epoch_cv_.wait_for(lock, kWriterBlockBound, [&] { return epoch_ != epoch_seen; });
+  }
+}
+
+void UcxCore::AdoptOrphan(std::unique_ptr<EpState> state) {
+  std::lock_guard<std::mutex> lock(retired_mu_);
+  orphans_.push_back(std::move(state));
+}
+
+void UcxCore::FreeRequests(const std::vector<void*>& requests) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (void* r : requests) ucp_request_free(r);
+}
+
+void UcxCore::RetireRange(void* addr, size_t bytes) {
+  // Private anonymous memory: DONTNEED drops the pages; the range stays
+  // ours and reads as zeros.
+  madvise(addr, bytes, MADV_DONTNEED);
+  std::lock_guard<std::mutex> lock(retired_mu_);
+  retired_.emplace_back(addr, bytes);
+}
+
+// ---------------------------------------------------------------------------
+// Mapping: one mmap'd, ucp_mem_map'ed range. Shared by its UcxRegion and
+// the Targets writing from it; the registration is released with the last.
+struct Mapping {
+  std::shared_ptr<UcxCore> core;
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  ucp_mem_h memh = nullptr;
+
+  ~Mapping() {
+    if (memh != nullptr) {
+      std::lock_guard<std::mutex> lock(core->mu);
+      ucp_mem_unmap(core->context, memh);
+    }
+    if (base != nullptr) core->RetireRange(base, bytes);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Registration codec.
+
+uint64_t Fnv1a64(const uint8_t* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+class Writer {
+ public:
+  void U32(uint32_t v) { Le(v, 4); }
+  void U64(uint64_t v) { Le(v, 8); }
+  void Bytes(const std::vector<uint8_t>& b) {
+    U32(static_cast<uint32_t>(b.size()));
+    out_.insert(out_.end(), b.begin(), b.end());
+  }
+  std::vector<uint8_t>& out() { return out_; }
+
+ private:
+  void Le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::vector<uint8_t> out_;
+};
+
+// Bounds-checked reader: every read fails (returns false) past the end.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  bool U32(uint32_t* v) {
+    uint64_t x;
+    if (!Le(4, &x)) return false;
+    *v = static_cast<uint32_t>(x);
+    return true;
+  }
+  bool U64(uint64_t* v) { return Le(8, v); }
+  bool Blob(std::vector<uint8_t>* out) {
+    uint32_t len;
+    if (!U32(&len) || len == 0 || len > kUcxMaxBlobBytes || len > in_.size() - pos_) {
+      return false;
+    }
+    out->assign(in_.begin() + pos_, in_.begin() + pos_ + len);
+    pos_ += len;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return in_.size() - pos_; }
+
+ private:
+  bool Le(size_t n, uint64_t* v) {
+    if (in_.size() - pos_ < n) return false;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; ++i) x |= static_cast<uint64_t>(in_[pos_ + i]) << (8 * i);
+    pos_ += n;
+    *v = x;
+    return true;
+  }
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+};
+
+// layout.bytes() without overflow; false if it overflows.
+bool LayoutBytes(const RegionLayout& layout, uint64_t* out) {
+  uint64_t blocks;
+  return !__builtin_mul_overflow(layout.planes, static_cast<uint64_t>(layout.num_blocks),
+                                 &blocks) &&
+         !__builtin_mul_overflow(blocks, layout.block_stride_bytes, out);
+}
+
+struct Registration {
+  uint64_t remote_address = 0;
+  uint64_t total_bytes = 0;
+  RegionLayout layout;
+  std::vector<uint8_t> worker_address;
+  std::vector<uint8_t> rkey;
+};
+
+std::vector<uint8_t> EncodeRegistration(const Registration& r) {
+  Writer w;
+  w.U32(kUcxRegistrationMagic);
+  w.U32(kUcxRegistrationVersion);
+  w.U64(r.remote_address);
+  w.U64(r.total_bytes);
+  w.U64(r.layout.planes);
+  w.U32(r.layout.num_blocks);
+  w.U64(r.layout.block_stride_bytes);
+  w.Bytes(r.worker_address);
+  w.Bytes(r.rkey);
+  std::vector<uint8_t>& out = w.out();
+  uint64_t sum = Fnv1a64(out.data(), out.size());
+  w.U64(sum);
+  return std::move(w.out());
+}
+
+Status DecodeRegistration(std::span<const uint8_t> in, Registration* r) {
+  auto bad = [](const std::string& why) {
+    return InvalidArgumentError("ucx registration: " + why);
+  };
+  // Fixed header + two length prefixes + checksum, and two capped blobs.
+  constexpr size_t kMinBytes = 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 4 + 1 + 8;
+  constexpr size_t kMaxBytes = kMinBytes - 2 + 2 * kUcxMaxBlobBytes;
+  if (in.size() < kMinBytes) return bad("truncated (" + std::to_string(in.size()) + " bytes)");
+  if (in.size() > kMaxBytes) return bad("oversized (" + std::to_string(in.size()) + " bytes)");
+  Reader rd(in);
+  uint32_t magic = 0, version = 0;
+  if (!rd.U32(&magic) || magic != kUcxRegistrationMagic) return bad("bad magic");
+  if (!rd.U32(&version) || version != kUcxRegistrationVersion) {
+    return bad("unsupported version " + std::to_string(version));
+  }
+  if (!rd.U64(&r->remote_address) || !rd.U64(&r->total_bytes) || !rd.U64(&r->layout.planes) ||
+      !rd.U32(&r->layout.num_blocks) || !rd.U64(&r->layout.block_stride_bytes)) {
+    return bad("truncated header");
+  }
+  if (!rd.Blob(&r->worker_address)) return bad("bad worker address length");
+  if (!rd.Blob(&r->rkey)) return bad("bad rkey length");
+  size_t summed = rd.pos();
+  uint64_t sum = 0;
+  if (!rd.U64(&sum)) return bad("truncated checksum");
+  if (rd.remaining() != 0) return bad("trailing bytes");
+  if (sum != Fnv1a64(in.data(), summed)) return bad("checksum mismatch");
+
+  uint64_t layout_bytes = 0;
+  if (!LayoutBytes(r->layout, &layout_bytes) || layout_bytes != r->total_bytes) {
+    return bad("layout does not match total bytes");
+  }
+  uint64_t end;
+  if (r->total_bytes == 0 || r->remote_address == 0 ||
+      __builtin_add_overflow(r->remote_address, r->total_bytes, &end)) {
+    return bad("bad remote range");
+  }
+  return Status::Ok();
+}
+
+// Closes `ep`, waiting a bounded time; false if the close had not finished
+// by then (UCX completes it later, or the worker's destruction ends it).
+// REQUIRES: core.mu not held.
+bool CloseEp(UcxCore& core, ucp_ep_h ep) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  // Every Write flushed before returning, so a flush close has nothing to
+  // push except after a failed or timed-out Write; it tells the peer we
+  // are leaving. With error mode PEER a dead peer fails the close, which
+  // completes the request.
+  param.flags = 0;
+  void* req;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    req = ucp_ep_close_nbx(ep, &param);
+  }
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) return true;
+  std::vector<void*> reqs{req};
+  ucs_status_t ignored;  // an error closing is the peer's problem, not ours
+  bool done = core.WaitRequests(reqs, Clock::now() + kEpCloseTimeout, &ignored);
+  core.FreeRequests(reqs);
+  return done;
+}
+
+// ---------------------------------------------------------------------------
+// UcxRegion: a registered region. Thread-safe (immutable after creation,
+// except the GrantTable, which is itself thread-safe).
+class UcxRegion final : public Region {
+ public:
+  UcxRegion(std::shared_ptr<Mapping> mapping, const RegionLayout& layout,
+            std::vector<uint8_t> registration)
+      : mapping_(std::move(mapping)),
+        layout_(layout),
+        registration_(std::move(registration)),
+        grants_(layout.num_blocks) {}
+
+  std::span<uint8_t> bytes() override { return {mapping_->base, mapping_->bytes}; }
+  const RegionLayout& layout() const override { return layout_; }
+  const std::vector<uint8_t>& registration() const override { return registration_; }
+  GrantTable& grants() override { return grants_; }
+
+  const std::shared_ptr<Mapping>& mapping() const { return mapping_; }
+
+ private:
+  std::shared_ptr<Mapping> mapping_;
+  RegionLayout layout_;
+  std::vector<uint8_t> registration_;
+  GrantTable grants_;
+};
+
+// ---------------------------------------------------------------------------
+// UcxTarget: an endpoint to a remote region's worker plus its rkey.
+// Thread-safe: Write may be called from several threads at once (UCX calls
+// under core->mu; each Write waits for its own flush request).
+class UcxTarget final : public Target {
+ public:
+  UcxTarget(std::shared_ptr<UcxCore> core, std::shared_ptr<Mapping> local,
+            const Registration& reg)
+      : core_(std::move(core)),
+        local_(std::move(local)),
+        remote_address_(reg.remote_address),
+        remote_bytes_(reg.total_bytes) {}
+
+  ~UcxTarget() override {
+    if (rkey_ != nullptr) {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      ucp_rkey_destroy(rkey_);
+    }
+    if (ep_ != nullptr && !CloseEp(*core_, ep_)) core_->AdoptOrphan(std::move(ep_state_));
+  }
+
+  // Creates the endpoint and unpacks the rkey. Called once, by Open.
+  Status Connect(const Registration& reg) {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(reg.worker_address.data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxTarget::OnEpError;
+    params.err_handler.arg = ep_state_.get();
+    std::lock_guard<std::mutex> lock(core_->mu);
+    ucs_status_t st = ucp_ep_create(core_->worker, &params, &ep_);
+    if (st != UCS_OK) {
+      ep_ = nullptr;
+      return UnavailableError(UcsError("ucx: ucp_ep_create", st));
+    }
+    st = ucp_ep_rkey_unpack(ep_, reg.rkey.data(), &rkey_);
+    if (st != UCS_OK) {
+      rkey_ = nullptr;  // the destructor closes ep_
+      return UnavailableError(UcsError("ucx: ucp_ep_rkey_unpack", st));
+    }
+    return Status::Ok();
+  }
+
+  Status Write(TransferId /*transfer*/, std::span<const Segment> segments) override {
+    uint64_t total = 0;
+    Status s = DoWrite(segments, &total);
+    if (s.ok()) {
+      core_->stats.writes_ok.fetch_add(1, std::memory_order_relaxed);
+      core_->stats.bytes_written.fetch_add(total, std::memory_order_relaxed);
+    } else {
+      core_->stats.writes_failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    return s;
+  }
+
+  std::string Describe() {
+    char* buf = nullptr;
+    size_t len = 0;
+    FILE* f = open_memstream(&buf, &len);
+    if (f == nullptr) return {};
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      ucp_ep_print_info(ep_, f);
+    }
+    fclose(f);
+    std::string out(buf, len);
+    free(buf);
+    return out;
+  }
+
+ private:
+  static void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    // Runs inside ucp_worker_progress, under core->mu.
+    static_cast<EpState*>(arg)->error.store(status, std::memory_order_release);
+  }
+
+  Status DoWrite(std::span<const Segment> segments, uint64_t* total) {
+    const uint64_t local_bytes = local_->bytes;
+    for (const Segment& seg : segments) {
+      if (seg.src_offset > local_bytes || seg.bytes > local_bytes - seg.src_offset ||
+          seg.dst_offset > remote_bytes_ || seg.bytes > remote_bytes_ - seg.dst_offset) {
+        return Status(StatusCode::kOutOfRange,
+                      "ucx write: segment src " + std::to_string(seg.src_offset) + " dst " +
+                          std::to_string(seg.dst_offset) + " bytes " +
+                          std::to_string(seg.bytes) + " outside local " +
+                          std::to_string(local_bytes) + " / remote " +
+                          std::to_string(remote_bytes_) + " bytes");
+      }
+      *total += seg.bytes;
+    }
+    if (ucs_status_t e = ep_state_->error.load(std::memory_order_acquire); e != UCS_OK) {
+      return UcsToStatus("ucx write: endpoint failed earlier", e);
+    }
+    if (*total == 0) return Status::Ok();
+    KV_CHECK(ep_ != nullptr && rkey_ != nullptr);  // Open returns only connected Targets
+
+    std::vector<void*> requests;
+    requests.reserve(segments.size() + 1);
+    ucs_status_t issue_error = UCS_OK;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      ucp_request_param_t put{};
+      put.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+      put.memh = local_->memh;
+      for (const Segment& seg : segments) {
+        if (seg.bytes == 0) continue;
+        ucs_status_ptr_t r = ucp_put_nbx(ep_, local_->base + seg.src_offset, seg.bytes,
+                                         remote_address_ + seg.dst_offset, rkey_, &put);
+        if (UCS_PTR_IS_ERR(r)) {
+          issue_error = UCS_PTR_STATUS(r);
+          break;
+        }
+        if (r != nullptr) requests.push_back(r);
+      }
+      if (issue_error == UCS_OK) {
+        ucp_request_param_t flush{};
+        ucs_status_ptr_t r = ucp_ep_flush_nbx(ep_, &flush);
+        if (UCS_PTR_IS_ERR(r)) {
+          issue_error = UCS_PTR_STATUS(r);
+        } else if (r != nullptr) {
+          requests.push_back(r);
+        }
+      }
+    }
+    if (issue_error != UCS_OK) {
+      // The puts issued so far finish (or fail) on their own; their source
+      // memory stays registered while this Target holds local_.
+      core_->FreeRequests(requests);
+      return UcsToStatus("ucx write: put/flush", issue_error);
+    }
+    ucs_status_t st = UCS_OK;
+    bool done = core_->WaitRequests(requests, Clock::now() + kWriteTimeout, &st);
+    core_->FreeRequests(requests);
+    if (!done) {
+      return DeadlineExceededError("ucx write: flush not complete after " +
+                                   std::to_string(kWriteTimeout.count()) + " s");
+    }
+    if (st != UCS_OK) return UcsToStatus("ucx write", st);
+    return Status::Ok();
+  }
+
+  std::shared_ptr<UcxCore> core_;
+  std::shared_ptr<Mapping> local_;
+  const uint64_t remote_address_;
+  const uint64_t remote_bytes_;
+  ucp_ep_h ep_ = nullptr;      // set once by Connect
+  ucp_rkey_h rkey_ = nullptr;  // set once by Connect
+  std::unique_ptr<EpState> ep_state_ = std::make_unique<EpState>();
+};
+
+// ---------------------------------------------------------------------------
+// UcxTransport: owns a reference to the core. Thread-safe.
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(std::shared_ptr<UcxCore> core) : core_(std::move(core)) {}
+
+  TransportKind kind() const override { return TransportKind::kUcx; }
+  const TransportStats& stats() const override { return core_->stats; }
+
+  Result<std::unique_ptr<Region>> CreateRegion(const std::string& name,
+                                               const RegionLayout& layout) override {
+    uint64_t bytes = 0;
+    if (!LayoutBytes(layout, &bytes) || bytes == 0 || bytes > SIZE_MAX / 2) {
+      return InvalidArgumentError("ucx region " + name + ": bad layout (" +
+                                  std::to_string(layout.planes) + " planes x " +
+                                  std::to_string(layout.num_blocks) + " blocks x " +
+                                  std::to_string(layout.block_stride_bytes) + " bytes)");
+    }
+    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+      return ResourceExhaustedError("ucx region " + name + ": mmap of " + std::to_string(bytes) +
+                                    " bytes: " + std::strerror(errno));
+    }
+    auto mapping = std::make_shared<Mapping>();
+    mapping->core = core_;
+    mapping->base = static_cast<uint8_t*>(base);
+    mapping->bytes = bytes;
+
+    std::vector<uint8_t> rkey;
+    std::string failed;  // which UCX call failed, if one did
+    ucs_status_t st = UCS_OK;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      mp.address = base;
+      mp.length = bytes;
+      st = ucp_mem_map(core_->context, &mp, &mapping->memh);
+      if (st != UCS_OK) {
+        mapping->memh = nullptr;
+        failed = "ucp_mem_map";
+      } else {
+        void* rkey_buf = nullptr;
+        size_t rkey_len = 0;
+        st = ucp_rkey_pack(core_->context, mapping->memh, &rkey_buf, &rkey_len);
+        if (st != UCS_OK) {
+          failed = "ucp_rkey_pack";
+        } else {
+          const auto* p = static_cast<const uint8_t*>(rkey_buf);
+          rkey.assign(p, p + rkey_len);
+          ucp_rkey_buffer_release(rkey_buf);
+        }
+      }
+    }
+    // On failure `mapping` releases the registration and the range.
+    if (!failed.empty()) return UnavailableError(UcsError("ucx region " + name + ": " + failed, st));
+    if (rkey.empty() || rkey.size() > kUcxMaxBlobBytes) {
+      return UnavailableError("ucx region " + name + ": rkey of " + std::to_string(rkey.size()) +
+                              " bytes (limit " + std::to_string(kUcxMaxBlobBytes) + ")");
+    }
+    Registration reg;
+    reg.remote_address = reinterpret_cast<uintptr_t>(base);
+    reg.total_bytes = bytes;
+    reg.layout = layout;
+    reg.worker_address = core_->worker_address;
+    reg.rkey = std::move(rkey);
+    return std::unique_ptr<Region>(
+        std::make_unique<UcxRegion>(std::move(mapping), layout, EncodeRegistration(reg)));
+  }
+
+  Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
+                                       Region* local) override {
+    auto* region = dynamic_cast<UcxRegion*>(local);
+    if (region == nullptr) return InvalidArgumentError("ucx open: local region is not a UCX region");
+    if (region->mapping()->core != core_) {
+      return InvalidArgumentError("ucx open: local region belongs to another UCX transport");
+    }
+    Registration reg;
+    if (Status s = DecodeRegistration(registration, &reg); !s.ok()) return s;
+    auto target = std::make_unique<UcxTarget>(core_, region->mapping(), reg);
+    if (Status s = target->Connect(reg); !s.ok()) return s;
+    return std::unique_ptr<Target>(std::move(target));
+  }
+
+ private:
+  std::shared_ptr<UcxCore> core_;
+};
+
+}  // namespace
+
+std::string DescribeUcxTarget(Target& target) {
+  auto* t = dynamic_cast<UcxTarget*>(&target);
+  return t == nullptr ? std::string() : t->Describe();
+}
+
+Result<std::unique_ptr<Transport>> MakeUcxTransport(const TransportOptions& options) {
+  Result<std::shared_ptr<UcxCore>> core = UcxCore::Create(options);
+  if (!core.ok()) return core.status();
+  return std::unique_ptr<Transport>(std::make_unique<UcxTransport>(std::move(core).value()));
+}
+
+}  // namespace kvrelay::net

@@ -1,0 +1,37 @@
+// clock.h — the runtime's clock: the one place real time enters kvrelay.
+//
+// Pure layers take `Instant now` as an argument; the runtime reads it here
+// (steady, monotonic) and passes it in. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "base/time.h"
+
+namespace kvrelay::runtime {
+
+inline Instant MonoNow() {
+  return Instant::FromNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count());
+}
+
+// Wall-clock seconds since the Unix epoch (for the `created` field of API
+// responses and for incarnation numbers; never for deadlines).
+inline int64_t WallSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// An incarnation number that grows across restarts of a process:
+// deciseconds since 2025-01-01 (fits 32 bits until 2038).
+inline uint32_t NewIncarnation() {
+  const int64_t ds = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count() / 100 - int64_t{1735689600} * 10;
+  return static_cast<uint32_t>(ds > 0 ? ds : 1);
+}
+
+}  // namespace kvrelay::runtime

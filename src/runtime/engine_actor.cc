@@ -1,0 +1,137 @@
+#include "runtime/engine_actor.h"
+
+#include <deque>
+
+#include "runtime/clock.h"
+
+namespace kvrelay::runtime {
+
+EngineActor::EngineActor(const engine::EngineOptions& options, engine::KvMemory* memory,
+                         size_t inbox_capacity)
+    : engine_(std::make_unique<engine::Engine>(options, memory)), inbox_(inbox_capacity) {}
+
+EngineActor::~EngineActor() { Stop(); }
+
+void EngineActor::Start() {
+  KV_CHECK(!thread_.joinable());
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void EngineActor::Stop() {
+  if (!thread_.joinable()) return;
+  inbox_.Post([this] { stopping_ = true; });
+  thread_.join();
+}
+
+Result<std::shared_ptr<RequestStream>> EngineActor::Submit(engine::RequestSpec spec) {
+  auto stream = std::make_shared<RequestStream>(spec.client);
+  auto p = std::make_shared<std::promise<Status>>();
+  auto f = p->get_future();
+  const bool posted = inbox_.Post([this, p, stream, spec = std::move(spec)]() mutable {
+    const uint64_t client = spec.client;
+    Status s = engine_->AddRequest(std::move(spec), MonoNow());
+    if (s.ok()) streams_[client] = stream;
+    p->set_value(std::move(s));
+  });
+  if (!posted) return Status(StatusCode::kUnavailable, "engine is shutting down");
+  Status s = f.get();
+  if (!s.ok()) return s;
+  return stream;
+}
+
+void EngineActor::Abort(uint64_t client) {
+  inbox_.Post([this, client] { engine_->AbortRequest(client); });
+}
+
+OpResult EngineActor::RunOp(std::function<uint64_t(engine::Engine&)> start,
+                            std::chrono::milliseconds timeout) {
+  auto p = std::make_shared<std::promise<OpResult>>();
+  auto f = p->get_future();
+  const auto started = std::chrono::steady_clock::now();
+  if (!inbox_.Post([this, p, start = std::move(start), started] {
+        const uint64_t op = start(*engine_);
+        ops_[op] = OpWaiter{p, started};
+      })) {
+    return OpResult{false, "engine is shutting down", 0};
+  }
+  if (f.wait_for(timeout) != std::future_status::ready) {
+    return OpResult{false, "timed out after " + std::to_string(timeout.count()) +
+                               " ms; the operation goes on",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                        .count()};
+  }
+  return f.get();
+}
+
+void EngineActor::PostReport(RankReport report) {
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    reports_.push_back(std::move(report));
+  }
+  inbox_.Kick();
+}
+
+void EngineActor::Loop() {
+  std::deque<Inbox::Fn> fns;
+  std::vector<RankReport> reports;
+  while (true) {
+    inbox_.Take(&fns);
+    for (auto& fn : fns) fn();
+    fns.clear();
+    {
+      std::lock_guard<std::mutex> lock(reports_mu_);
+      reports.swap(reports_);
+    }
+    if (stopping_) break;
+    if (engine_->HasWork() || !reports.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const Duration compute = engine_->Step(reports, MonoNow());
+      reports.clear();
+      Dispatch();
+      // The modelled compute time of this step: the engine is busy.
+      std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(compute.ns()));
+      continue;
+    }
+    inbox_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+  }
+  // Closures posted while stopping still run, so no caller waits forever.
+  inbox_.Close();
+  inbox_.Take(&fns);
+  for (auto& fn : fns) fn();
+  FailAll("engine stopped");
+}
+
+void EngineActor::Dispatch() {
+  while (auto a = engine_->PollAction()) {
+    if (auto* t = std::get_if<engine::TokenOut>(&*a)) {
+      auto it = streams_.find(t->client);
+      if (it != streams_.end()) it->second->Push(*t);
+    } else if (auto* d = std::get_if<engine::RequestDone>(&*a)) {
+      auto it = streams_.find(d->client);
+      if (it != streams_.end()) {
+        it->second->Finish(d->reason, d->error);
+        streams_.erase(it);
+      }
+    } else if (auto* m = std::get_if<engine::MetadataOut>(&*a)) {
+      if (metadata_sink_) metadata_sink_(m->meta);
+    } else if (auto* o = std::get_if<engine::OpDone>(&*a)) {
+      auto it = ops_.find(o->op);
+      if (it != ops_.end()) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                       it->second.started)
+                             .count();
+        it->second.promise->set_value(OpResult{o->ok, o->detail, s});
+        ops_.erase(it);
+      }
+    }
+  }
+}
+
+void EngineActor::FailAll(const std::string& why) {
+  for (auto& [client, stream] : streams_) stream->Finish(engine::FinishReason::kError, why);
+  streams_.clear();
+  for (auto& [op, w] : ops_) w.promise->set_value(OpResult{false, why, 0});
+  ops_.clear();
+}
+
+}  // namespace kvrelay::runtime

@@ -1,0 +1,107 @@
+// engine_actor.h — EngineActor: the thread that owns an Engine.
+//
+// Theory of operation: the engine is pure and single-threaded; this actor
+// is its only caller. Other threads post closures (add a request, abort
+// one, start a lifecycle operation, read a snapshot) to its inbox; rank
+// actors post their get_finished() reports. The loop:
+//   take closures and reports → run the closures → if the engine has work
+//   or reports arrived, Step(reports, now) → dispatch its actions (tokens
+//   and finishes to RequestStreams, metadata to every rank actor, OpDone
+//   to the caller waiting for it) → sleep the step's modelled compute time
+//   → wait for the next input.
+// The engine frees blocks itself, at a step, after the ranks report that
+// no transfer touches them (vLLM's get_finished() contract).
+//
+// Ownership: owned by Node; owns the Engine. Threading: public methods are
+// thread-safe unless marked; the loop runs on the actor's own thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/result.h"
+#include "core/connector_metadata.h"
+#include "engine/engine.h"
+#include "runtime/inbox.h"
+#include "runtime/request_stream.h"
+
+namespace kvrelay::runtime {
+
+struct OpResult {
+  bool ok = false;
+  std::string detail;
+  double latency_s = 0;
+};
+
+class EngineActor {
+ public:
+  using MetadataSink = std::function<void(const ConnectorMetadata&)>;
+
+  EngineActor(const engine::EngineOptions& options, engine::KvMemory* memory,
+              size_t inbox_capacity = 65536);
+  ~EngineActor();
+  EngineActor(const EngineActor&) = delete;
+  EngineActor& operator=(const EngineActor&) = delete;
+
+  // REQUIRES: before Start. Called on the engine thread with each step's
+  // connector metadata (Node fans it out to every rank actor).
+  void SetMetadataSink(MetadataSink sink) { metadata_sink_ = std::move(sink); }
+  void Start();
+  // Finishes every open request and operation as failed, joins the thread.
+  void Stop();
+
+  // Adds a request; returns its stream once the engine accepted it, or the
+  // engine's error (invalid, duplicate, queue full).
+  Result<std::shared_ptr<RequestStream>> Submit(engine::RequestSpec spec);
+  // The client went away.
+  void Abort(uint64_t client);
+  // Starts a lifecycle operation on the engine thread and waits for its
+  // OpDone (or `timeout`: then ok=false, detail says so; the operation
+  // itself goes on).
+  OpResult RunOp(std::function<uint64_t(engine::Engine&)> start,
+                 std::chrono::milliseconds timeout);
+  // Runs `fn` on the engine thread and returns its result. Fails (nullopt)
+  // if the actor has stopped.
+  template <class F>
+  auto Query(F fn) -> std::optional<decltype(fn(std::declval<const engine::Engine&>()))> {
+    using R = decltype(fn(std::declval<const engine::Engine&>()));
+    auto p = std::make_shared<std::promise<R>>();
+    auto f = p->get_future();
+    if (!inbox_.Post([this, p, fn] { p->set_value(fn(*engine_)); })) return std::nullopt;
+    return f.get();
+  }
+  // From rank actors: a rank's get_finished() report.
+  void PostReport(RankReport report);
+
+  uint64_t NewClientId() { return next_client_.fetch_add(1); }
+  size_t inbox_size() const { return inbox_.size(); }
+
+ private:
+  void Loop();
+  void Dispatch();
+  void FailAll(const std::string& why);
+
+  std::unique_ptr<engine::Engine> engine_;
+  MetadataSink metadata_sink_;
+  Inbox inbox_;
+  std::mutex reports_mu_;
+  std::vector<RankReport> reports_;  // guarded by reports_mu_
+  std::thread thread_;
+  std::atomic<uint64_t> next_client_{1};
+  // Engine thread only:
+  std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;
+  struct OpWaiter {
+    std::shared_ptr<std::promise<OpResult>> promise;
+    std::chrono::steady_clock::time_point started;
+  };
+  std::unordered_map<uint64_t, OpWaiter> ops_;
+  bool stopping_ = false;
+};
+
+}  // namespace kvrelay::runtime

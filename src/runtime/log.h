@@ -1,0 +1,43 @@
+// log.h — the runtime's log: one line per event on stderr, with a
+// monotonic timestamp and the component; LogOnce for things a hostile or
+// broken peer can repeat (a malformed message is logged once per kind and
+// counted always). Thread-safe.
+#pragma once
+
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "runtime/clock.h"
+
+namespace kvrelay::runtime {
+
+inline std::mutex& LogMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+__attribute__((format(printf, 2, 3))) inline void Log(const char* component, const char* fmt,
+                                                       ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::lock_guard<std::mutex> lock(LogMutex());
+  std::fprintf(stderr, "[%.3f] %s: %s\n", MonoNow().seconds(), component, buf);
+}
+
+// Logs `message` the first time `key` is seen in this process.
+inline void LogOnce(const char* component, const std::string& key, const std::string& message) {
+  static std::set<std::string>* seen = new std::set<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(LogMutex());
+    if (!seen->insert(key).second) return;
+  }
+  Log(component, "%s (logged once; counted in /metrics)", message.c_str());
+}
+
+}  // namespace kvrelay::runtime

@@ -1,0 +1,126 @@
+#include "runtime/node.h"
+
+#include <zmq.h>
+
+#include "net/write_plan.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace kvrelay::runtime {
+
+namespace {
+ConnectorRole RoleOf(engine::Role r) {
+  switch (r) {
+    case engine::Role::kProducer: return ConnectorRole::kProducer;
+    case engine::Role::kConsumer: return ConnectorRole::kConsumer;
+    case engine::Role::kBoth:
+    case engine::Role::kPlain: return ConnectorRole::kBoth;
+  }
+  return ConnectorRole::kBoth;
+}
+}  // namespace
+
+Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
+  const engine::EngineOptions& eo = options.engine;
+  if (eo.tp == 0 || eo.tp > engine::kHeadGroups || engine::kHeadGroups % eo.tp != 0) {
+    return InvalidArgumentError("--tp must be 1, 2 or 4");
+  }
+  if (eo.engine_id >= (1u << 28)) return InvalidArgumentError("--engine-id must be < 2^28");
+  std::unique_ptr<Node> node(new Node(options));
+  node->zmq_ = zmq_ctx_new();
+  Result<std::unique_ptr<net::Transport>> t =
+      net::MakeTransport(options.transport, options.transport_options);
+  if (!t.ok()) return t.status();
+  node->transport_ = std::move(*t);
+  std::vector<std::span<uint8_t>> spans;
+  const net::RegionLayout layout = net::LayoutFor(eo.shape, eo.tp, eo.num_blocks);
+  for (uint32_t r = 0; r < eo.tp; ++r) {
+    Result<std::unique_ptr<net::Region>> region = node->transport_->CreateRegion(
+        "e" + std::to_string(eo.engine_id) + "-i" + std::to_string(eo.incarnation) + "-r" +
+            std::to_string(r),
+        layout);
+    if (!region.ok()) return region.status();
+    spans.push_back((*region)->bytes());
+    node->regions_.push_back(std::move(*region));
+  }
+  node->memory_ = std::make_unique<engine::RankedKvMemory>(eo.shape, eo.num_blocks, spans);
+  node->engine_ = std::make_unique<EngineActor>(eo, node->memory_.get());
+  if (node->transfers()) {
+    for (uint32_t r = 0; r < eo.tp; ++r) {
+      RankActorOptions ro;
+      ro.engine_id = eo.engine_id;
+      ro.incarnation = eo.incarnation;
+      ro.rank = r;
+      ro.tp = eo.tp;
+      ro.role = RoleOf(eo.role);
+      ro.shape = eo.shape;
+      ro.num_blocks = eo.num_blocks;
+      ro.listen_host = options.listen_host;
+      ro.ctrl_port = options.ctrl_port;
+      ro.send.abort_timeout = options.abort_timeout;
+      ro.send.giveup_grace = options.giveup_grace;
+      ro.send.num_workers = options.num_workers;
+      ro.load.abort_timeout = options.abort_timeout;
+      ro.load.giveup_grace = options.giveup_grace;
+      ro.heartbeat = options.heartbeat;
+      ro.peer_down_after = options.peer_down_after;
+      ro.peer_dead_after = options.peer_dead_after;
+      node->ranks_.push_back(std::make_unique<RankActor>(ro, node->zmq_, node->transport_.get(),
+                                                         node->regions_[r].get(),
+                                                         node->engine_.get(), options.latency));
+    }
+    Node* raw = node.get();
+    node->engine_->SetMetadataSink([raw](const ConnectorMetadata& meta) {
+      for (auto& rank : raw->ranks_) rank->PostMetadata(meta);
+    });
+    for (auto& rank : node->ranks_) {
+      Status s = rank->Start();
+      if (!s.ok()) return s;
+    }
+  }
+  node->engine_->Start();
+  return node;
+}
+
+Node::~Node() { Shutdown(Duration::Zero()); }
+
+void Node::Shutdown(Duration drain) {
+  {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (engine_ && drain > Duration::Zero()) {
+    // Stop admitting and end what runs: P answers the pulls it holds
+    // (kAborted) instead of leaving D to time out.
+    const auto ms = std::chrono::milliseconds(drain.ns() / 1'000'000);
+    engine_->RunOp([](engine::Engine& e) { return e.AbortRequests({}, true); }, ms);
+    const Instant until = MonoNow() + drain;
+    while (MonoNow() < until) {
+      auto idle = engine_->Query([](const engine::Engine& e) { return e.Idle(); });
+      if (!idle || *idle) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (engine_) engine_->Stop();
+  for (auto& r : ranks_) r->Stop();
+  ranks_.clear();
+  engine_.reset();
+  memory_.reset();
+  regions_.clear();
+  transport_.reset();
+  if (zmq_ != nullptr) zmq_ctx_term(zmq_);
+  zmq_ = nullptr;
+}
+
+Status Node::EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
+                             uint32_t p_tp) {
+  if (!transfers()) return FailedPreconditionError("a plain engine does not transfer KV");
+  for (auto& r : ranks_) {
+    Status s = r->EnsureProducers(engine, host, port, p_tp, options_.connect_timeout);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvrelay::runtime

@@ -1,0 +1,79 @@
+// node.h — Node: one engine process's runtime: its transport and
+// registered memory, the engine actor and one rank actor per tp rank.
+//
+// Why: `kvrelay serve` and the multi-process tests need the same wiring;
+// the HTTP server only talks to a Node. Rank r's KV lives in its own
+// registered Region (shm segment, tcp receiver memory, UCX-mapped memory);
+// the engine sees all ranks through one RankedKvMemory.
+//
+// Lifetime: Start() builds and starts everything; Shutdown() stops
+// admitting, aborts what is running so P answers every pull it can, waits
+// (bounded) for the transfers to settle, then stops the actors and joins
+// every thread. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "engine/engine.h"
+#include "engine/ranked_kv_memory.h"
+#include "net/transport.h"
+#include "runtime/engine_actor.h"
+#include "runtime/rank_actor.h"
+
+namespace kvrelay::runtime {
+
+struct NodeOptions {
+  engine::EngineOptions engine;            // role, tp, shape, blocks, ids, step times
+  net::TransportKind transport = net::TransportKind::kShm;
+  net::TransportOptions transport_options;
+  std::string listen_host = "127.0.0.1";   // control channel bind address
+  std::string advertise_host = "127.0.0.1";  // what D is told to connect to
+  uint16_t ctrl_port = 0;                  // rank r of a P engine binds ctrl_port + r
+  uint32_t num_workers = 4;                // writes in flight per rank
+  Duration abort_timeout = Duration::Seconds(480);
+  Duration giveup_grace = Duration::Seconds(60);
+  Duration heartbeat = Duration::Seconds(1);
+  Duration peer_down_after = Duration::Seconds(3);
+  Duration peer_dead_after = Duration::Seconds(10);
+  Duration connect_timeout = Duration::Seconds(3);
+  LatencySink latency;
+};
+
+class Node {
+ public:
+  static Result<std::unique_ptr<Node>> Start(const NodeOptions& options);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Aborts every request, waits up to `drain` for transfers to settle,
+  // stops every actor. Idempotent.
+  void Shutdown(Duration drain);
+
+  EngineActor& engine() { return *engine_; }
+  const std::vector<std::unique_ptr<RankActor>>& ranks() const { return ranks_; }
+  net::Transport& transport() { return *transport_; }
+  const NodeOptions& options() const { return options_; }
+  bool transfers() const { return options_.engine.role != engine::Role::kPlain; }
+
+  // D: every rank has handshaken with the producer ranks it pulls from.
+  Status EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
+                         uint32_t p_tp);
+
+ private:
+  explicit Node(const NodeOptions& options) : options_(options) {}
+  const NodeOptions options_;
+  void* zmq_ = nullptr;
+  std::unique_ptr<net::Transport> transport_;
+  std::vector<std::unique_ptr<net::Region>> regions_;
+  std::unique_ptr<engine::RankedKvMemory> memory_;
+  std::unique_ptr<EngineActor> engine_;
+  std::vector<std::unique_ptr<RankActor>> ranks_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+}  // namespace kvrelay::runtime

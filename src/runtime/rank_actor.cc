@@ -1,0 +1,647 @@
+#include "runtime/rank_actor.h"
+
+#include <zmq.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/tp_mapping.h"
+#include "net/write_plan.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+namespace kvrelay::runtime {
+
+namespace {
+
+RankConnectorOptions ConnectorOptions(const RankActorOptions& o) {
+  RankConnectorOptions c;
+  c.role = o.role;
+  c.rank = o.rank;
+  c.tp = o.tp;
+  c.send = o.send;
+  c.load = o.load;
+  return c;
+}
+
+std::string Endpoint(const std::string& host, uint32_t port) {
+  return "tcp://" + host + ":" + std::to_string(port);
+}
+
+int ToMillis(Duration d) {
+  if (d.ns() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>(d.ns() / 1'000'000 + 1, 100));
+}
+
+}  // namespace
+
+RankActor::RankActor(const RankActorOptions& options, void* zmq_context,
+                     net::Transport* transport, net::Region* region, EngineActor* engine,
+                     LatencySink sink)
+    : options_(options),
+      zmq_(zmq_context),
+      transport_(transport),
+      region_(region),
+      engine_(engine),
+      sink_(std::move(sink)),
+      conn_(ConnectorOptions(options)),
+      inbox_(65536),
+      writers_(std::make_unique<WriterPool>(options.send.num_workers,
+                                            size_t{options.send.num_workers} * 4)) {}
+
+RankActor::~RankActor() { Stop(); }
+
+Status RankActor::Start() {
+  if (options_.role != ConnectorRole::kConsumer) {
+    router_ = zmq_socket(zmq_, ZMQ_ROUTER);
+    const int one = 1, zero = 0;
+    zmq_setsockopt(router_, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(router_, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(router_, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(router_, ZMQ_SNDHWM, &options_.socket_hwm, sizeof(int));
+    zmq_setsockopt(router_, ZMQ_RCVHWM, &options_.socket_hwm, sizeof(int));
+    const int64_t max_msg = options_.limits.max_frame_bytes;
+    zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+    const std::string ep = Endpoint(options_.listen_host, options_.ctrl_port + options_.rank);
+    if (zmq_bind(router_, ep.c_str()) != 0) {
+      const std::string err = zmq_strerror(zmq_errno());
+      zmq_close(router_);
+      router_ = nullptr;
+      return Status(StatusCode::kUnavailable, "rank " + std::to_string(options_.rank) +
+                                                  ": cannot bind control channel " + ep +
+                                                  ": " + err);
+    }
+  }
+  next_heartbeat_ = MonoNow();
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void RankActor::Stop() {
+  if (!thread_.joinable()) return;
+  stop_ = true;
+  inbox_.Kick();
+  thread_.join();
+  inbox_.Close();  // writers finishing now post nothing
+  writers_->Stop();
+}
+
+void RankActor::PostMetadata(const ConnectorMetadata& meta) {
+  inbox_.Post([this, meta] {
+    const Instant now = MonoNow();
+    for (const LoadOp& l : meta.loads) {
+      transfer_of_request_[l.request] = l.transfer;
+      load_started_[l.transfer] = now;
+    }
+    conn_.ApplyMetadata(meta, now);
+  });
+}
+
+Status RankActor::EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
+                                  uint32_t p_tp, Duration timeout) {
+  if (options_.role == ConnectorRole::kProducer) {
+    return FailedPreconditionError("a prefill-only engine does not load KV");
+  }
+  if (p_tp == 0 || p_tp > engine::kHeadGroups || engine::kHeadGroups % p_tp != 0) {
+    return InvalidArgumentError("remote_tp_size must be 1, 2 or 4");
+  }
+  std::vector<uint32_t> ranks = ProducerRanksFor(options_.rank, options_.tp, p_tp);
+  auto all_known = [&] {
+    for (uint32_t r : ranks) {
+      if (!known_.count({engine, r})) return false;
+    }
+    return true;
+  };
+  {
+    std::lock_guard<std::mutex> lock(known_mu_);
+    if (all_known()) return Status::Ok();
+  }
+  inbox_.Post([this, engine, host, port, ranks] {
+    for (uint32_t r : ranks) ConnFor(engine, r, host, port);
+  });
+  std::unique_lock<std::mutex> lock(known_mu_);
+  if (!known_cv_.wait_for(lock, std::chrono::nanoseconds(timeout.ns()), all_known)) {
+    return Status(StatusCode::kUnavailable,
+                  "no handshake from prefill engine " + std::to_string(engine) + " at " +
+                      host + ":" + std::to_string(port) + " within " +
+                      std::to_string(timeout.millis()) + " ms");
+  }
+  return Status::Ok();
+}
+
+std::optional<RankState> RankActor::State() {
+  auto p = std::make_shared<std::promise<RankState>>();
+  auto f = p->get_future();
+  if (!inbox_.Post([this, p] {
+        RankState s;
+        s.rank = options_.rank;
+        s.now = MonoNow();
+        if (const SendTable* t = conn_.send_table()) {
+          s.sends = t->Sends();
+          s.send_stats = t->stats();
+          s.writes_in_flight = t->writes_in_flight();
+          s.queued_for_sender = t->queued_for_sender();
+          s.tombstones = t->tombstones();
+        }
+        if (const LoadTable* t = conn_.load_table()) {
+          s.loads = t->Loads();
+          s.load_stats = t->stats();
+        }
+        s.connector_stats = conn_.stats();
+        for (const auto& [key, c] : conns_) {
+          static const char* kNames[] = {"connecting", "up", "down", "gone"};
+          s.peers.push_back(PeerView{c.engine, c.rank, c.peer, c.endpoint, kNames[c.state],
+                                     c.known ? (s.now - c.last_heard).seconds() : 0});
+        }
+        p->set_value(std::move(s));
+      })) {
+    return std::nullopt;
+  }
+  if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return std::nullopt;
+  return f.get();
+}
+
+// --- the loop ----------------------------------------------------------------
+
+void RankActor::Loop() {
+  std::deque<Inbox::Fn> fns;
+  std::vector<zmq_pollitem_t> items;
+  std::vector<Conn*> polled;
+  while (!stop_) {
+    items.clear();
+    polled.clear();
+    items.push_back(zmq_pollitem_t{nullptr, inbox_.fd(), ZMQ_POLLIN, 0});
+    if (router_ != nullptr) items.push_back(zmq_pollitem_t{router_, 0, ZMQ_POLLIN, 0});
+    for (auto& [key, c] : conns_) {
+      items.push_back(zmq_pollitem_t{c.sock, 0, ZMQ_POLLIN, 0});
+      polled.push_back(&c);
+    }
+    Instant now = MonoNow();
+    Instant wake = next_heartbeat_;
+    if (auto d = conn_.NextDeadline()) wake = std::min(wake, *d);
+    zmq_poll(items.data(), static_cast<int>(items.size()), ToMillis(wake - now));
+
+    inbox_.Take(&fns);
+    for (auto& fn : fns) fn();
+    fns.clear();
+    size_t i = 1;
+    if (router_ != nullptr) {
+      if (items[i].revents & ZMQ_POLLIN) DrainRouter();
+      ++i;
+    }
+    for (Conn* c : polled) {
+      if (items[i].revents & ZMQ_POLLIN) DrainDealer(*c);
+      ++i;
+    }
+    now = MonoNow();
+    if (auto d = conn_.NextDeadline(); d && *d <= now) conn_.OnTimer(now);
+    if (now >= next_heartbeat_) Heartbeat(now);
+    Pump();
+  }
+  // Shutdown: say goodbye to nothing; close the sockets (linger 0).
+  for (auto& [key, c] : conns_) zmq_close(c.sock);
+  conns_.clear();
+  if (router_ != nullptr) zmq_close(router_);
+  router_ = nullptr;
+}
+
+void RankActor::DrainRouter() {
+  zmq_msg_t id, body;
+  for (int n = 0; n < 4096; ++n) {
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, router_, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&id);
+      return;
+    }
+    std::string identity(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
+    zmq_msg_close(&id);
+    bool more = false;
+    int rc;
+    // Exactly one body frame after the identity; extra frames are dropped.
+    int frames = 0;
+    do {
+      zmq_msg_init(&body);
+      rc = zmq_msg_recv(&body, router_, 0);
+      if (rc >= 0) {
+        more = zmq_msg_more(&body) != 0;
+        if (frames++ == 0) {
+          OnFrame(&identity, nullptr, static_cast<const uint8_t*>(zmq_msg_data(&body)),
+                  zmq_msg_size(&body));
+        } else {
+          ++counters_.malformed;
+        }
+      } else {
+        more = false;
+      }
+      zmq_msg_close(&body);
+    } while (more);
+  }
+}
+
+void RankActor::DrainDealer(Conn& c) {
+  zmq_msg_t body;
+  for (int n = 0; n < 4096; ++n) {
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&body, c.sock, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&body);
+      return;
+    }
+    OnFrame(nullptr, &c, static_cast<const uint8_t*>(zmq_msg_data(&body)), zmq_msg_size(&body));
+    zmq_msg_close(&body);
+  }
+}
+
+void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* data,
+                        size_t size) {
+  ++counters_.frames_in;
+  Result<WireMessage> decoded = DecodeWire({data, size}, options_.limits);
+  if (!decoded.ok()) {
+    ++counters_.malformed;
+    LogOnce("rank", "malformed:" + std::string(StatusCodeName(decoded.status().code())),
+            "rank " + std::to_string(options_.rank) + ": dropped a malformed control frame: " +
+                decoded.status().ToString());
+    return;
+  }
+  const Instant now = MonoNow();
+  WireMessage& m = *decoded;
+  if (auto* hs = std::get_if<HandshakeMsg>(&m)) {
+    if (identity != nullptr) {
+      OnHandshakeFromD(*identity, *hs);
+    } else {
+      OnHandshakeFromP(*conn, *hs);
+    }
+    return;
+  }
+  if (std::holds_alternative<HeartbeatMsg>(m)) return;
+  if (identity != nullptr) {
+    // From a D rank: only pulls, only after a handshake.
+    auto it = index_of_identity_.find(*identity);
+    if (it == index_of_identity_.end()) {
+      ++counters_.unknown_sender;
+      LogOnce("rank", "unknown_sender", "dropped a message from a D rank that never handshook");
+      return;
+    }
+    const DPeer& d = dpeers_.at(it->second);
+    if (auto* pull = std::get_if<PullMsg>(&m)) {
+      conn_.OnMessage(d.peer, PeerMessage(std::move(*pull)), now);
+    } else {
+      ++counters_.malformed;  // an answer sent to a P rank
+    }
+    return;
+  }
+  // From a P rank: answers.
+  if (!conn->known) {
+    ++counters_.unknown_sender;
+    return;
+  }
+  if (auto* a = std::get_if<AnswerMsg>(&m)) {
+    ++counters_.answers_received;
+    auto it = pull_sent_.find({a->transfer, a->pull_seq});
+    if (it != pull_sent_.end()) {
+      if (sink_.pull_answer && !LoadTable::IsReleaseSeq(a->pull_seq)) {
+        sink_.pull_answer((now - it->second).seconds(), a->result);
+      }
+      pull_sent_.erase(it);
+    }
+  }
+  if (auto* a = std::get_if<AnswerMsg>(&m)) {
+    conn_.OnMessage(conn->peer, PeerMessage(*a), now);
+  } else {
+    ++counters_.malformed;  // a pull sent to a D rank
+  }
+}
+
+bool RankActor::LayoutMatches(const HandshakeMsg& hs, std::string* why) const {
+  const engine::ModelShape& s = options_.shape;
+  if (hs.transport != static_cast<uint8_t>(transport_->kind())) {
+    *why = std::string("transport differs: peer uses ") +
+           net::TransportName(static_cast<net::TransportKind>(hs.transport)) + ", this engine " +
+           net::TransportName(transport_->kind());
+    return false;
+  }
+  if (hs.layers != s.layers || hs.kv_heads != s.kv_heads || hs.head_dim != s.head_dim ||
+      hs.dtype_bytes != s.dtype_bytes || hs.block_tokens != s.block_tokens) {
+    *why = "KV layout differs (model shape)";
+    return false;
+  }
+  if (hs.tp == 0 || hs.tp > engine::kHeadGroups || engine::kHeadGroups % hs.tp != 0 ||
+      hs.rank >= hs.tp || hs.num_blocks == 0 || hs.engine_id >= (1u << 28)) {
+    *why = "bad tp, rank, engine id or block count";
+    return false;
+  }
+  return true;
+}
+
+HandshakeMsg RankActor::OwnHandshake() const {
+  HandshakeMsg hs;
+  hs.engine_id = options_.engine_id;
+  hs.incarnation = options_.incarnation;
+  hs.rank = options_.rank;
+  hs.tp = options_.tp;
+  hs.role = static_cast<uint8_t>(options_.role);
+  hs.transport = static_cast<uint8_t>(transport_->kind());
+  hs.layers = options_.shape.layers;
+  hs.kv_heads = options_.shape.kv_heads;
+  hs.head_dim = options_.shape.head_dim;
+  hs.dtype_bytes = options_.shape.dtype_bytes;
+  hs.block_tokens = options_.shape.block_tokens;
+  hs.num_blocks = options_.num_blocks;
+  hs.registration = region_->registration();
+  return hs;
+}
+
+void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg& hs) {
+  std::string why;
+  if (!LayoutMatches(hs, &why) || hs.role == static_cast<uint8_t>(ConnectorRole::kProducer)) {
+    ++counters_.handshake_refused;
+    LogOnce("rank", "hs_refused:" + why,
+            "rank " + std::to_string(options_.rank) + ": refused a handshake: " +
+                (why.empty() ? "peer is prefill-only" : why));
+    return;
+  }
+  const PeerId peer{hs.engine_id * kRanksPerEngine + hs.rank, hs.incarnation};
+  auto it = dpeers_.find(peer.index);
+  if (it != dpeers_.end() && it->second.peer.generation > peer.generation) {
+    ++counters_.handshake_refused;  // an old incarnation, still talking
+    return;
+  }
+  if (it == dpeers_.end() || it->second.peer != peer ||
+      it->second.registration != hs.registration || it->second.target == nullptr) {
+    Result<std::unique_ptr<net::Target>> target = transport_->Open(hs.registration, region_);
+    if (!target.ok()) {
+      ++counters_.handshake_refused;
+      LogOnce("rank", "open:" + target.status().message(),
+              "rank " + std::to_string(options_.rank) + ": cannot open D's memory: " +
+                  target.status().ToString());
+      return;
+    }
+    if (it != dpeers_.end()) index_of_identity_.erase(it->second.identity);
+    DPeer d;
+    d.peer = peer;
+    d.tp = hs.tp;
+    d.rank = hs.rank;
+    d.num_blocks = hs.num_blocks;
+    d.registration = hs.registration;
+    d.target = std::shared_ptr<net::Target>(std::move(*target));
+    it = dpeers_.insert_or_assign(peer.index, std::move(d)).first;
+    ++counters_.handshakes;
+  }
+  if (it->second.identity != identity) {
+    index_of_identity_.erase(it->second.identity);
+    it->second.identity = identity;
+  }
+  index_of_identity_[identity] = peer.index;
+  SendFrame(router_, &identity, EncodeWire(OwnHandshake()));
+}
+
+void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
+  std::string why;
+  if (!LayoutMatches(hs, &why) || hs.engine_id != c.engine || hs.rank != c.rank ||
+      hs.role == static_cast<uint8_t>(ConnectorRole::kConsumer)) {
+    ++counters_.handshake_refused;
+    LogOnce("rank", "hs_refused_p:" + c.endpoint,
+            "rank " + std::to_string(options_.rank) + ": refused the handshake of " +
+                c.endpoint + ": " + (why.empty() ? "engine id, rank or role differs" : why));
+    return;
+  }
+  const Instant now = MonoNow();
+  const PeerId peer{hs.engine_id * kRanksPerEngine + hs.rank, hs.incarnation};
+  if (c.known && peer.generation < c.peer.generation) return;  // stale
+  if (!c.known || peer.generation > c.peer.generation) {
+    if (c.known) Log("rank", "P engine %u rank %u restarted (incarnation %u → %u)", c.engine,
+                     c.rank, c.peer.generation, peer.generation);
+    conn_.SetPeer(c.engine, c.rank, peer, now);
+    ++counters_.handshakes;
+  } else if (c.state == Conn::kDown || c.state == Conn::kGone) {
+    ++counters_.reconnects;
+    conn_.Reconnected(peer, now);
+  }
+  c.known = true;
+  c.peer = peer;
+  c.state = Conn::kUp;
+  c.last_heard = now;
+  NotifyKnown();
+}
+
+void RankActor::NotifyKnown() {
+  std::lock_guard<std::mutex> lock(known_mu_);
+  for (const auto& [key, c] : conns_) {
+    if (c.known) known_.insert(key);
+  }
+  known_cv_.notify_all();
+}
+
+RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::string& host,
+                                    uint16_t port) {
+  auto [it, inserted] = conns_.try_emplace({engine, rank});
+  Conn& c = it->second;
+  if (!inserted) return c;
+  c.engine = engine;
+  c.rank = rank;
+  c.endpoint = Endpoint(host, uint32_t{port} + rank);
+  c.sock = zmq_socket(zmq_, ZMQ_DEALER);
+  const int zero = 0;
+  zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(c.sock, ZMQ_SNDHWM, &options_.socket_hwm, sizeof(int));
+  zmq_setsockopt(c.sock, ZMQ_RCVHWM, &options_.socket_hwm, sizeof(int));
+  const int64_t max_msg = options_.limits.max_frame_bytes;
+  zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+  const std::string id = std::to_string(options_.engine_id) + ":" +
+                         std::to_string(options_.rank) + ":" +
+                         std::to_string(options_.incarnation);
+  zmq_setsockopt(c.sock, ZMQ_ROUTING_ID, id.data(), id.size());
+  const int interval_ms = 100;
+  zmq_setsockopt(c.sock, ZMQ_RECONNECT_IVL, &interval_ms, sizeof interval_ms);
+  if (zmq_connect(c.sock, c.endpoint.c_str()) != 0) {
+    Log("rank", "cannot connect to %s: %s", c.endpoint.c_str(), zmq_strerror(zmq_errno()));
+  }
+  SendFrame(c.sock, nullptr, EncodeWire(OwnHandshake()));
+  return c;
+}
+
+void RankActor::Heartbeat(Instant now) {
+  next_heartbeat_ = now + options_.heartbeat;
+  if (conns_.empty()) return;
+  const std::vector<uint8_t> hello = EncodeWire(OwnHandshake());
+  for (auto& [key, c] : conns_) {
+    SendFrame(c.sock, nullptr, hello);
+    if (!c.known) continue;
+    const Duration silent = now - c.last_heard;
+    if (c.state == Conn::kUp && silent > options_.peer_down_after) {
+      c.state = Conn::kDown;
+      ++counters_.peers_down;
+      Log("rank", "P %s silent for %.1f s: down", c.endpoint.c_str(), silent.seconds());
+    }
+    if (c.state == Conn::kDown && silent > options_.peer_dead_after) {
+      c.state = Conn::kGone;
+      ++counters_.peers_gone;
+      Log("rank", "P %s silent for %.1f s: gone; its loads fail now", c.endpoint.c_str(),
+          silent.seconds());
+      conn_.PeerGone(c.peer, now);
+    }
+  }
+}
+
+bool RankActor::SendFrame(void* sock, const std::string* identity,
+                          const std::vector<uint8_t>& frame) {
+  if (identity != nullptr &&
+      zmq_send(sock, identity->data(), identity->size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+    ++counters_.unroutable;
+    return false;
+  }
+  if (zmq_send(sock, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0) {
+    ++counters_.unroutable;
+    return false;
+  }
+  ++counters_.frames_out;
+  return true;
+}
+
+// --- actions -----------------------------------------------------------------
+
+void RankActor::Pump() {
+  for (int round = 0; round < 64; ++round) {
+    while (auto a = conn_.PollAction()) {
+      if (auto* out = std::get_if<OutMessage>(&*a)) {
+        SendOut(std::move(*out));
+      } else {
+        StartWriteJob(std::move(std::get<StartWrite>(*a)));
+      }
+    }
+    if (deferred_write_done_.empty()) break;
+    const Instant now = MonoNow();
+    auto done = std::move(deferred_write_done_);
+    deferred_write_done_.clear();
+    for (auto& [w, ok] : done) conn_.OnWriteDone(w, ok, now);
+  }
+  if (conn_.HasReport()) {
+    RankReport r = conn_.GetFinished();
+    const Instant now = MonoNow();
+    auto revoke = [&](TransferId t) {
+      auto g = granted_.find(t);
+      if (g != granted_.end()) {
+        region_->grants().Revoke(t, g->second);
+        granted_.erase(g);
+      }
+    };
+    auto forget_pulls = [&](TransferId t) {
+      pull_sent_.erase(pull_sent_.lower_bound({t, 0}), pull_sent_.upper_bound({t, UINT64_MAX}));
+    };
+    for (const LoadDone& d : r.finished_recving) {
+      revoke(d.transfer);
+      forget_pulls(d.transfer);
+      transfer_of_request_.erase(d.request);
+      auto it = load_started_.find(d.transfer);
+      if (it != load_started_.end()) {
+        if (sink_.transfer) sink_.transfer((now - it->second).seconds(), d.ok);
+        load_started_.erase(it);
+      }
+    }
+    for (const RequestId& id : r.released) {
+      auto it = transfer_of_request_.find(id);
+      if (it != transfer_of_request_.end()) {
+        revoke(it->second);
+        forget_pulls(it->second);
+        load_started_.erase(it->second);
+        transfer_of_request_.erase(it);
+      }
+    }
+    engine_->PostReport(std::move(r));
+  }
+}
+
+void RankActor::SendOut(OutMessage out) {
+  if (auto* pull = std::get_if<PullMsg>(&out.msg)) {
+    // D → P.
+    const uint32_t engine = out.to.index / kRanksPerEngine, rank = out.to.index % kRanksPerEngine;
+    auto it = conns_.find({engine, rank});
+    if (it == conns_.end() || !it->second.known || it->second.peer != out.to) {
+      ++counters_.unroutable;  // that P incarnation is gone; the core knows
+      return;
+    }
+    const Instant now = MonoNow();
+    for (const PullItem& item : pull->items) {
+      if (item.dst.empty()) {
+        auto g = granted_.find(item.transfer);
+        if (g != granted_.end()) {
+          region_->grants().Revoke(item.transfer, g->second);
+          granted_.erase(g);
+        }
+        continue;
+      }
+      std::vector<uint32_t> blocks;
+      blocks.reserve(item.dst.size());
+      for (const BlockId& b : item.dst) blocks.push_back(b.index);
+      region_->grants().Grant(item.transfer, blocks);
+      granted_[item.transfer] = std::move(blocks);
+      pull_sent_.try_emplace({item.transfer, pull->pull_seq}, now);
+      ++counters_.pulls_sent;
+    }
+    SendFrame(it->second.sock, nullptr, EncodeWire(*pull));
+    return;
+  }
+  // P → D: an answer.
+  auto it = dpeers_.find(out.to.index);
+  if (it == dpeers_.end() || it->second.peer != out.to) {
+    ++counters_.unroutable;
+    return;
+  }
+  SendFrame(router_, &it->second.identity, EncodeWire(std::get<AnswerMsg>(out.msg)));
+}
+
+void RankActor::StartWriteJob(StartWrite w) {
+  auto it = dpeers_.find(w.peer.index);
+  if (it == dpeers_.end() || it->second.peer != w.peer || it->second.target == nullptr) {
+    deferred_write_done_.emplace_back(w.write, false);  // gone, or its target broke
+    return;
+  }
+  const DPeer& d = it->second;
+  // Block ids come from the peer: check them before planning (a bad id is
+  // the peer's error, answered as a failed write, never a crash).
+  bool valid = w.src.size() == w.dst.size() && !w.dst.empty();
+  for (size_t i = 0; valid && i < w.dst.size(); ++i) {
+    valid = w.dst[i].index < d.num_blocks && w.src[i].index < options_.num_blocks;
+  }
+  if (!valid) {
+    ++counters_.malformed;
+    LogOnce("rank", "bad_dst", "rank " + std::to_string(options_.rank) +
+                                   ": a pull named blocks outside D's pool (or a different "
+                                   "count than the send holds); failing its write");
+    deferred_write_done_.emplace_back(w.write, false);
+    return;
+  }
+  WriteJob job;
+  job.target = d.target;
+  job.transfer = w.transfer;
+  job.segments = net::PlanWrite(options_.shape, options_.tp, options_.rank, options_.num_blocks,
+                                d.tp, d.rank, d.num_blocks, w.src, w.dst);
+  for (const net::Segment& s : job.segments) job.bytes += s.bytes;
+  job.deadline = w.deadline;
+  const WriteId id = w.write;
+  const PeerId peer = w.peer;
+  const uint64_t bytes = job.bytes;
+  const Instant started = MonoNow();
+  job.done = [this, id, peer, bytes, started](const Status& s) {
+    if (s.ok()) {
+      ++counters_.writes_ok;
+      counters_.bytes_written += bytes;
+      if (sink_.write) sink_.write((MonoNow() - started).seconds());
+    } else {
+      ++counters_.writes_failed;
+      LogOnce("rank", "write:" + std::string(StatusCodeName(s.code())),
+              "rank " + std::to_string(options_.rank) + ": a write failed: " + s.ToString());
+    }
+    const bool ok = s.ok();
+    const bool broken = s.code() == StatusCode::kUnavailable;
+    inbox_.Post([this, id, ok, broken, peer] {
+      deferred_write_done_.emplace_back(id, ok);
+      // A transport that lost its peer stays failed: reopen on the next
+      // handshake (D resends one every heartbeat).
+      auto dp = dpeers_.find(peer.index);
+      if (broken && dp != dpeers_.end() && dp->second.peer == peer) dp->second.target.reset();
+    });
+  };
+  if (!writers_->Submit(std::move(job))) deferred_write_done_.emplace_back(id, false);
+}
+
+}  // namespace kvrelay::runtime

@@ -1,0 +1,211 @@
+// rank_actor.h — RankActor: the thread that owns one rank's connector and
+// its control-channel sockets.
+//
+// Theory of operation
+// -------------------
+// One RankConnector (send table on P, load table on D) per rank, driven by
+// one thread that waits in zmq_poll on: its inbox (metadata from the
+// engine actor, write completions from its writers, requests from other
+// threads), the P rank's ZeroMQ ROUTER, and one DEALER per P rank this D
+// rank pulls from. Every input becomes a connector call with `now`; after
+// each round the actor drains the connector's actions — messages go out on
+// the sockets, writes go to the WriterPool — and hands get_finished()
+// reports to the engine actor.
+//
+// Connections: a D rank connects a DEALER to each P rank it needs
+// (tcp://host:ctrl_port+rank, learned from kv_transfer_params) and sends a
+// Handshake (engine id, incarnation, rank, tp, KV layout, transport and its
+// registration). P answers with its own. The handshake doubles as the
+// heartbeat: D resends it every `heartbeat`; a reply with a newer
+// incarnation proves the old P process gone (SetPeer → its unanswered
+// pulls fail at once); silence for `peer_down_after` marks the peer down,
+// and the reply that ends the silence triggers Reconnected (unanswered
+// pulls are resent with the budget they have left); silence for
+// `peer_dead_after` declares it gone (PeerGone: its loads fail now, and
+// recompute or fail by policy, instead of waiting out the timeout).
+//
+// Access control: D grants a load's destination blocks to its transfer in
+// its region's GrantTable when it sends the pull and revokes them when the
+// load ends or is released (tcp's receiver refuses anything else). P only
+// writes blocks named in a pull it received from that D.
+//
+// Bad input: every frame is decoded with WireLimits; a malformed frame, a
+// pull from a connection that never handshook, or a handshake whose layout
+// or transport differs is dropped, counted and logged once.
+//
+// Ownership: owned by Node. Threading: public methods are thread-safe; the
+// connector, sockets and maps are touched only by the actor's thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/rank_connector.h"
+#include "core/wire.h"
+#include "engine/model.h"
+#include "net/transport.h"
+#include "runtime/engine_actor.h"
+#include "runtime/inbox.h"
+#include "runtime/writer_pool.h"
+
+namespace kvrelay::runtime {
+
+// Peer ids on the wire: engine id × this + rank.
+inline constexpr uint32_t kRanksPerEngine = 8;
+
+struct RankActorOptions {
+  uint32_t engine_id = 0;
+  uint32_t incarnation = 1;
+  uint32_t rank = 0;
+  uint32_t tp = 1;
+  ConnectorRole role = ConnectorRole::kBoth;
+  engine::ModelShape shape;
+  uint32_t num_blocks = 0;
+  std::string listen_host = "127.0.0.1";
+  uint16_t ctrl_port = 0;              // P: this rank binds ctrl_port + rank
+  SendTableOptions send;
+  LoadTableOptions load;
+  WireLimits limits;
+  Duration heartbeat = Duration::Seconds(1);
+  Duration peer_down_after = Duration::Seconds(3);
+  Duration peer_dead_after = Duration::Seconds(10);
+  int socket_hwm = 100000;             // ZeroMQ high-water mark, each way
+};
+
+// Counters, readable from any thread.
+struct RankCounters {
+  std::atomic<uint64_t> frames_in{0}, frames_out{0};
+  std::atomic<uint64_t> malformed{0};          // undecodable frames
+  std::atomic<uint64_t> unknown_sender{0};     // pull before handshake
+  std::atomic<uint64_t> handshake_refused{0};  // layout/transport mismatch
+  std::atomic<uint64_t> unroutable{0};         // answer for a gone D
+  std::atomic<uint64_t> handshakes{0};
+  std::atomic<uint64_t> peers_down{0}, peers_gone{0}, reconnects{0};
+  std::atomic<uint64_t> writes_ok{0}, writes_failed{0}, bytes_written{0};
+  std::atomic<uint64_t> pulls_sent{0}, answers_received{0};
+};
+
+struct PeerView {
+  uint32_t engine = 0, rank = 0;
+  PeerId peer;
+  std::string endpoint;
+  std::string state;       // connecting | up | down | gone
+  double silent_s = 0;
+};
+
+// A histogram sample the actor hands to the metrics layer.
+struct LatencySink {
+  std::function<void(double seconds, TransferResult result)> pull_answer;  // D
+  std::function<void(double seconds, bool ok)> transfer;                   // D: load
+  std::function<void(double seconds)> write;                               // P
+};
+
+struct RankState {
+  uint32_t rank = 0;
+  Instant now;
+  std::vector<SendView> sends;
+  std::vector<LoadView> loads;
+  std::vector<PeerView> peers;
+  SendTableStats send_stats;
+  LoadTableStats load_stats;
+  RankConnectorStats connector_stats;
+  uint32_t writes_in_flight = 0;
+  size_t queued_for_sender = 0;
+  size_t tombstones = 0;
+};
+
+class RankActor {
+ public:
+  RankActor(const RankActorOptions& options, void* zmq_context, net::Transport* transport,
+            net::Region* region, EngineActor* engine, LatencySink sink = {});
+  ~RankActor();
+  RankActor(const RankActor&) = delete;
+  RankActor& operator=(const RankActor&) = delete;
+
+  // Binds the ROUTER (producer ranks) and starts the thread.
+  Status Start();
+  void Stop();
+
+  void PostMetadata(const ConnectorMetadata& meta);
+  // D: blocks until this rank has handshaken with every rank of producer
+  // engine `engine` it pulls from (at host:port+rank), or `timeout`.
+  Status EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
+                         uint32_t p_tp, Duration timeout);
+  std::optional<RankState> State();
+  const RankCounters& counters() const { return counters_; }
+  size_t inbox_size() const { return inbox_.size(); }
+
+ private:
+  struct Conn {  // D → one P rank
+    uint32_t engine = 0, rank = 0;
+    std::string endpoint;
+    void* sock = nullptr;
+    bool known = false;
+    PeerId peer;
+    enum State : uint8_t { kConnecting, kUp, kDown, kGone } state = kConnecting;
+    Instant last_heard;
+  };
+  struct DPeer {  // P: one D rank that handshook
+    std::string identity;
+    PeerId peer;
+    uint32_t tp = 1, rank = 0, num_blocks = 0;
+    std::vector<uint8_t> registration;
+    std::shared_ptr<net::Target> target;
+  };
+
+  void Loop();
+  void DrainRouter();
+  void DrainDealer(Conn& c);
+  void OnFrame(const std::string* identity, Conn* conn, const uint8_t* data, size_t size);
+  void OnHandshakeFromD(const std::string& identity, const HandshakeMsg& hs);
+  void OnHandshakeFromP(Conn& c, const HandshakeMsg& hs);
+  bool LayoutMatches(const HandshakeMsg& hs, std::string* why) const;
+  HandshakeMsg OwnHandshake() const;
+  void Heartbeat(Instant now);
+  void Pump();
+  void SendOut(OutMessage out);
+  void StartWriteJob(StartWrite w);
+  Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
+  void NotifyKnown();
+  bool SendFrame(void* sock, const std::string* identity, const std::vector<uint8_t>& frame);
+
+  const RankActorOptions options_;
+  void* const zmq_;
+  net::Transport* const transport_;
+  net::Region* const region_;
+  EngineActor* const engine_;
+  const LatencySink sink_;
+  RankConnector conn_;
+  Inbox inbox_;
+  std::unique_ptr<WriterPool> writers_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  RankCounters counters_;
+
+  // Actor thread only.
+  void* router_ = nullptr;
+  std::map<std::pair<uint32_t, uint32_t>, Conn> conns_;
+  std::unordered_map<std::string, uint32_t> index_of_identity_;
+  std::unordered_map<uint32_t, DPeer> dpeers_;   // by peer index
+  std::unordered_map<TransferId, std::vector<uint32_t>> granted_;
+  std::unordered_map<RequestId, TransferId> transfer_of_request_;
+  std::unordered_map<TransferId, Instant> load_started_;
+  std::map<std::pair<TransferId, uint64_t>, Instant> pull_sent_;  // (transfer, seq)
+  std::vector<std::pair<WriteId, bool>> deferred_write_done_;
+  Instant next_heartbeat_;
+
+  // EnsureProducers waiters.
+  std::mutex known_mu_;
+  std::condition_variable known_cv_;
+  std::set<std::pair<uint32_t, uint32_t>> known_;  // guarded by known_mu_
+};
+
+}  // namespace kvrelay::runtime

@@ -1,0 +1,55 @@
+#include "runtime/writer_pool.h"
+
+#include "runtime/clock.h"
+
+namespace kvrelay::runtime {
+
+WriterPool::WriterPool(uint32_t num_workers, size_t max_queued) : max_queued_(max_queued) {
+  for (uint32_t i = 0; i < num_workers; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+WriterPool::~WriterPool() { Stop(); }
+
+void WriterPool::Stop() {
+  std::deque<WriteJob> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+    left.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  for (auto& job : left) job.done(Status(StatusCode::kCancelled, "writer pool stopped"));
+}
+
+bool WriterPool::Submit(WriteJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || queue_.size() >= max_queued_) return false;
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void WriterPool::Run() {
+  while (true) {
+    WriteJob job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (MonoNow() >= job.deadline) {
+      job.done(DeadlineExceededError("the pull's deadline passed before the write started"));
+      continue;
+    }
+    job.done(job.target->Write(job.transfer, job.segments));
+  }
+}
+
+}  // namespace kvrelay::runtime

@@ -1,0 +1,62 @@
+// writer_pool.h — WriterPool: the threads that run one rank's data-plane
+// writes, at most `num_workers` at once.
+//
+// Why a pool per rank: a write blocks (memcpy, socket, UCX flush) and must
+// not stall the rank's event loop; the send table already admits at most
+// num_workers writes at once (per-pull admission to a bounded sender
+// pool), so the queue never holds more than that. A write whose pull
+// deadline has passed when a worker picks it up is failed without touching
+// a byte: no write starts after D gave up.
+//
+// Ownership: owned by a RankActor. Submit from the rank's thread; `done`
+// runs on a worker thread (it posts back to the rank's inbox).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "net/transport.h"
+
+namespace kvrelay::runtime {
+
+struct WriteJob {
+  std::shared_ptr<net::Target> target;
+  TransferId transfer;
+  std::vector<net::Segment> segments;
+  uint64_t bytes = 0;
+  Instant deadline;
+  // Called on the worker with the outcome (OK, the write's error, or
+  // kDeadlineExceeded if it never started).
+  std::function<void(const Status&)> done;
+};
+
+class WriterPool {
+ public:
+  WriterPool(uint32_t num_workers, size_t max_queued);
+  ~WriterPool();  // stops: queued jobs complete as kCancelled; joins.
+  WriterPool(const WriterPool&) = delete;
+  WriterPool& operator=(const WriterPool&) = delete;
+
+  // False if the queue is full or the pool stopped (the caller fails the
+  // write at once).
+  bool Submit(WriteJob job);
+  void Stop();
+
+ private:
+  void Run();
+  const size_t max_queued_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<WriteJob> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvrelay::runtime

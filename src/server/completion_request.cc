@@ -1,0 +1,395 @@
+#include "server/completion_request.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "base/transfer_id.h"
+#include "server/tokenizer.h"
+
+namespace kvrelay::server {
+namespace {
+
+using nlohmann::json;
+
+std::string TypeName(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a non-integer number";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::binary:
+    case json::value_t::discarded: break;
+  }
+  return "an unsupported value";
+}
+
+Status TypeError(const std::string& field, std::string_view expected, const json& got) {
+  return InvalidArgumentError(field + " must be " + std::string(expected) + " (got " +
+                              TypeName(got) + ")");
+}
+
+Status OutOfRangeError(std::string m) { return Status(StatusCode::kOutOfRange, std::move(m)); }
+
+// `s` quoted for an error message, cut to 64 bytes at a UTF-8 boundary.
+std::string Quote(std::string_view s) {
+  constexpr size_t kMax = 64;
+  if (s.size() <= kMax) return "\"" + std::string(s) + "\"";
+  size_t n = kMax;
+  while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
+  return "\"" + std::string(s.substr(0, n)) + "...\"";
+}
+
+// The member `key` of `obj`, or nullptr when absent or null (clients send
+// null for "not set").
+const json* Field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// An integer JSON number's value, saturated to int64 (callers bound it).
+int64_t IntegerValue(const json& j) {
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    return u > uint64_t{std::numeric_limits<int64_t>::max()}
+               ? std::numeric_limits<int64_t>::max()
+               : static_cast<int64_t>(u);
+  }
+  return j.get<int64_t>();
+}
+
+// "at line 1, column 7: syntax error while parsing ..." from nlohmann's
+// "[json.exception.parse_error.101] parse error at line 1, ...", or
+// "number overflow parsing '1e400'" from its out_of_range.406.
+std::string Where(const json::exception& e) {
+  std::string what = e.what();
+  if (const size_t close = what.find("] "); what.starts_with("[json.exception.") &&
+                                             close != std::string::npos) {
+    what = what.substr(close + 2);
+  }
+  if (what.starts_with("parse error ")) what = what.substr(12);
+  constexpr size_t kMax = 200;
+  if (what.size() > kMax) {
+    size_t n = kMax;
+    while (n > 0 && (static_cast<uint8_t>(what[n]) & 0xC0) == 0x80) --n;
+    what = what.substr(0, n) + "...";
+  }
+  return what;
+}
+
+bool IsPrintableAscii(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7E; });
+}
+
+// --- optional fields, each checked for type and range ------------------------
+
+Status OptBool(const json& obj, const std::string& prefix, const char* key,
+               std::optional<bool>* out) {
+  const json* v = Field(obj, key);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_boolean()) return TypeError(prefix + key, "a boolean", *v);
+  *out = v->get<bool>();
+  return Status::Ok();
+}
+
+Status OptInt(const json& obj, const std::string& prefix, const char* key, int64_t lo,
+              int64_t hi, std::optional<int64_t>* out) {
+  const json* v = Field(obj, key);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_number_integer()) return TypeError(prefix + key, "an integer", *v);
+  const int64_t x = IntegerValue(*v);
+  if (x < lo || x > hi) {
+    return InvalidArgumentError(prefix + key + " must be between " + std::to_string(lo) +
+                                " and " + std::to_string(hi) + ", got " + v->dump());
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+Status OptString(const json& obj, const std::string& prefix, const char* key,
+                 std::optional<std::string>* out) {
+  const json* v = Field(obj, key);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_string()) return TypeError(prefix + key, "a string", *v);
+  *out = v->get<std::string>();
+  return Status::Ok();
+}
+
+Status OptTpSize(const json& obj, const std::string& prefix, const char* key,
+                 std::optional<int64_t>* out) {
+  const json* v = Field(obj, key);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_number_integer()) return TypeError(prefix + key, "an integer", *v);
+  const int64_t x = IntegerValue(*v);
+  if (x != 1 && x != 2 && x != 4) {
+    return InvalidArgumentError(prefix + key + " must be 1, 2 or 4, got " + v->dump());
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+#define RETURN_IF_ERROR_(expr)        \
+  do {                                  \
+    Status status_ = (expr);            \
+    if (!status_.ok()) return status_;  \
+  } while (0)
+
+// kv_transfer_params (an object) into `req`.
+Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
+  const std::string p = "kv_transfer_params.";
+  std::optional<bool> decode, prefill;
+  std::optional<std::string> transfer_text, host;
+  std::optional<int64_t> engine_id, port, remote_tp, consumer_tp;
+  RETURN_IF_ERROR_(OptBool(kv, p, "do_remote_decode", &decode));
+  RETURN_IF_ERROR_(OptBool(kv, p, "do_remote_prefill", &prefill));
+  RETURN_IF_ERROR_(OptString(kv, p, "transfer_id", &transfer_text));
+  RETURN_IF_ERROR_(OptInt(kv, p, "remote_engine_id", 0,
+                            std::numeric_limits<uint32_t>::max(), &engine_id));
+  RETURN_IF_ERROR_(OptString(kv, p, "remote_host", &host));
+  RETURN_IF_ERROR_(OptInt(kv, p, "remote_port", 1, 65535, &port));
+  RETURN_IF_ERROR_(OptTpSize(kv, p, "remote_tp_size", &remote_tp));
+  RETURN_IF_ERROR_(OptTpSize(kv, p, "consumer_tp_size", &consumer_tp));
+
+  TransferId transfer;
+  if (transfer_text) {
+    if (!TransferId::Parse(*transfer_text, &transfer)) {
+      return InvalidArgumentError(p + "transfer_id must be 32 lowercase hex digits, got " +
+                                  Quote(*transfer_text));
+    }
+    if (transfer.IsZero()) return InvalidArgumentError(p + "transfer_id must not be all zeros");
+  }
+  if (host) {
+    if (host->empty() || host->size() > kMaxRemoteHostChars || !IsPrintableAscii(*host) ||
+        host->find(' ') != std::string::npos) {
+      return InvalidArgumentError(p + "remote_host must be a host name or address of 1.." +
+                                  std::to_string(kMaxRemoteHostChars) +
+                                  " printable ASCII characters without spaces, got " +
+                                  Quote(*host));
+    }
+  }
+
+  const bool d = decode.value_or(false);
+  const bool f = prefill.value_or(false);
+  if (d && f) {
+    return InvalidArgumentError(
+        "kv_transfer_params: do_remote_decode and do_remote_prefill cannot both be true "
+        "(a request is either the prefill half or the decode half of a hand-off)");
+  }
+  if (!d && !f) return Status::Ok();   // no transfer asked for
+  const char* flag = d ? "do_remote_decode" : "do_remote_prefill";
+  if (!transfer_text) {
+    return InvalidArgumentError(p + "transfer_id is required when " + flag + " is true");
+  }
+  if (f) {
+    const std::pair<bool, const char*> needed[] = {
+        {engine_id.has_value(), "remote_engine_id"},
+        {host.has_value(), "remote_host"},
+        {port.has_value(), "remote_port"},
+        {remote_tp.has_value(), "remote_tp_size"},
+    };
+    for (const auto& [present, name] : needed) {
+      if (!present) {
+        return InvalidArgumentError(p + name + " is required when do_remote_prefill is true");
+      }
+    }
+  }
+
+  req->has_kv = true;
+  req->kv.transfer = transfer;
+  req->kv.do_remote_decode = d;
+  req->kv.do_remote_prefill = f;
+  req->kv.remote_engine = static_cast<uint32_t>(engine_id.value_or(0));
+  req->kv.remote_tp = static_cast<uint32_t>(f ? *remote_tp : consumer_tp.value_or(1));
+  req->remote_host = host.value_or("");
+  req->remote_port = static_cast<uint16_t>(port.value_or(0));
+  return Status::Ok();
+}
+
+// The fields OpenAI clients send that this server ignores: checked for type
+// only, or for the one value it can honour.
+Status CheckIgnoredFields(const json& doc) {
+  for (const char* key : {"temperature", "top_p", "presence_penalty", "frequency_penalty"}) {
+    if (const json* v = Field(doc, key); v != nullptr && !v->is_number()) {
+      return TypeError(key, "a number", *v);
+    }
+  }
+  if (const json* v = Field(doc, "seed"); v != nullptr && !v->is_number_integer()) {
+    return TypeError("seed", "an integer", *v);
+  }
+  if (const json* v = Field(doc, "user"); v != nullptr && !v->is_string()) {
+    return TypeError("user", "a string", *v);
+  }
+  if (const json* v = Field(doc, "stream_options"); v != nullptr && !v->is_object()) {
+    return TypeError("stream_options", "an object", *v);
+  }
+  if (const json* v = Field(doc, "stop")) {
+    bool ok = v->is_string();
+    if (v->is_array()) {
+      ok = std::all_of(v->begin(), v->end(), [](const json& e) { return e.is_string(); });
+    }
+    if (!ok) return TypeError("stop", "a string or an array of strings", *v);
+  }
+  if (const json* v = Field(doc, "n")) {
+    if (!v->is_number_integer()) return TypeError("n", "an integer", *v);
+    if (IntegerValue(*v) != 1) {
+      return InvalidArgumentError("n must be 1 (one completion per request), got " + v->dump());
+    }
+  }
+  if (const json* v = Field(doc, "echo")) {
+    if (!v->is_boolean()) return TypeError("echo", "a boolean", *v);
+    if (v->get<bool>()) return InvalidArgumentError("echo is not supported (send false)");
+  }
+  if (const json* v = Field(doc, "logprobs")) {
+    return InvalidArgumentError("logprobs is not supported (send null or leave it out), got " +
+                                v->dump());
+  }
+  return Status::Ok();
+}
+
+Status ParsePrompt(const json& doc, const ParseLimits& limits, CompletionRequest* req) {
+  const json* p = Field(doc, "prompt");
+  if (p == nullptr) return InvalidArgumentError("prompt is required");
+  if (p->is_string()) {
+    req->prompt = Tokenize(p->get_ref<const std::string&>(), limits.vocab);
+    if (req->prompt.empty()) {
+      return InvalidArgumentError("prompt is empty (it has no words between whitespace)");
+    }
+  } else if (p->is_array()) {
+    if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+      return InvalidArgumentError(
+          "prompt must be a single prompt (a string or an array of token ids); batched "
+          "prompts are not supported, send one request per prompt");
+    }
+    if (p->empty()) return InvalidArgumentError("prompt is empty (an array of no token ids)");
+    if (p->size() > limits.max_prompt_tokens) {
+      return OutOfRangeError("prompt has " + std::to_string(p->size()) +
+                             " tokens; the limit is " +
+                             std::to_string(limits.max_prompt_tokens));
+    }
+    req->prompt.reserve(p->size());
+    for (size_t i = 0; i < p->size(); ++i) {
+      const json& e = (*p)[i];
+      const std::string name = "prompt[" + std::to_string(i) + "]";
+      if (!e.is_number_integer()) return TypeError(name, "an integer token id", e);
+      const int64_t id = IntegerValue(e);
+      if (id < 0 || id >= int64_t{limits.vocab}) {
+        return OutOfRangeError(name + " is " + e.dump() + "; token ids must be in [0, " +
+                               std::to_string(limits.vocab) + ")");
+      }
+      req->prompt.push_back(static_cast<engine::Token>(id));
+    }
+  } else {
+    return TypeError("prompt", "a string or an array of integer token ids", *p);
+  }
+  const size_t n = req->prompt.size();
+  if (n > limits.max_prompt_tokens) {
+    return OutOfRangeError("prompt has " + std::to_string(n) + " tokens; the limit is " +
+                           std::to_string(limits.max_prompt_tokens));
+  }
+  if (n >= limits.max_context) {
+    return OutOfRangeError("prompt has " + std::to_string(n) + " tokens; the model's context of " +
+                           std::to_string(limits.max_context) +
+                           " tokens leaves no room for output");
+  }
+  return Status::Ok();
+}
+
+Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest* req) {
+  if (const json* m = Field(doc, "model")) {
+    if (!m->is_string()) return TypeError("model", "a string", *m);
+    if (m->get_ref<const std::string&>() != limits.model_name) {
+      return InvalidArgumentError("model " + Quote(m->get_ref<const std::string&>()) +
+                                  " is not served here; this server serves " +
+                                  Quote(limits.model_name));
+    }
+  }
+  RETURN_IF_ERROR_(ParsePrompt(doc, limits, req));
+
+  const uint32_t room = limits.max_context - static_cast<uint32_t>(req->prompt.size());
+  req->max_tokens = std::min(kDefaultMaxTokens, room);
+  if (const json* m = Field(doc, "max_tokens")) {
+    if (!m->is_number_integer()) return TypeError("max_tokens", "an integer", *m);
+    const int64_t v = IntegerValue(*m);
+    if (v < 1) return InvalidArgumentError("max_tokens must be at least 1, got " + m->dump());
+    if (v > int64_t{room}) {
+      return OutOfRangeError("max_tokens is " + m->dump() + ", but the prompt's " +
+                             std::to_string(req->prompt.size()) +
+                             " tokens leave room for at most " + std::to_string(room) +
+                             " in the model's context of " +
+                             std::to_string(limits.max_context) + " tokens");
+    }
+    req->max_tokens = static_cast<uint32_t>(v);
+  }
+
+  if (const json* s = Field(doc, "stream")) {
+    if (!s->is_boolean()) return TypeError("stream", "a boolean", *s);
+    req->stream = s->get<bool>();
+  }
+  if (const json* r = Field(doc, "request_id")) {
+    if (!r->is_string()) return TypeError("request_id", "a string", *r);
+    const std::string& id = r->get_ref<const std::string&>();
+    if (id.empty() || id.size() > kMaxRequestIdChars || !IsPrintableAscii(id)) {
+      return InvalidArgumentError("request_id must be 1.." + std::to_string(kMaxRequestIdChars) +
+                                  " printable ASCII characters, got " + Quote(id));
+    }
+    req->request_id = id;
+  }
+  RETURN_IF_ERROR_(CheckIgnoredFields(doc));
+
+  if (auto it = doc.find("kv_transfer_params"); it != doc.end() && !it->is_null()) {
+    if (!it->is_object()) return TypeError("kv_transfer_params", "an object or null", *it);
+    RETURN_IF_ERROR_(ParseKvTransferParams(*it, req));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+ParseLimits ParseLimitsFor(const engine::ModelShape& shape, size_t max_body_bytes) {
+  ParseLimits l;
+  l.model_name = shape.name;
+  l.vocab = shape.vocab;
+  l.max_context = shape.max_context;
+  l.max_body_bytes = max_body_bytes;
+  l.max_prompt_tokens = shape.max_context > 0 ? shape.max_context - 1 : 0;
+  return l;
+}
+
+Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
+                                                 const ParseLimits& limits) {
+  if (body.size() > limits.max_body_bytes) {
+    return Status(StatusCode::kResourceExhausted,
+                  "request body is " + std::to_string(body.size()) + " bytes; the limit is " +
+                      std::to_string(limits.max_body_bytes) + " bytes");
+  }
+  json doc;
+  try {
+    doc = json::parse(body);
+  } catch (const json::exception& e) {   // parse_error, or out_of_range for 1e400
+    return InvalidArgumentError("body is not valid JSON: " + Where(e));
+  }
+  if (!doc.is_object()) {
+    return InvalidArgumentError("body must be a JSON object (got " + TypeName(doc) + ")");
+  }
+  CompletionRequest req;
+  Status s = ParseFields(doc, limits, &req);
+  if (!s.ok()) return s;
+  return req;
+}
+
+int HttpStatusForParseError(const Status& status) {
+  return status.code() == StatusCode::kResourceExhausted ? 413 : 400;
+}
+
+#undef RETURN_IF_ERROR_
+
+}  // namespace kvrelay::server

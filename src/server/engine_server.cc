@@ -1,0 +1,489 @@
+#include "server/engine_server.h"
+
+#include <httplib.h>
+
+#include <condition_variable>
+#include <nlohmann/json.hpp>
+
+#include "runtime/clock.h"
+#include "runtime/log.h"
+#include "server/admin_call.h"
+#include "server/completion_request.h"
+#include "server/completion_response.h"
+#include "server/server_metrics.h"
+
+namespace kvrelay::server {
+
+using nlohmann::json;
+using runtime::Log;
+
+namespace {
+
+int HttpStatusFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return 400;
+    case StatusCode::kAlreadyExists: return 409;
+    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kUnavailable:
+    case StatusCode::kCancelled: return 503;
+    default: return 500;
+  }
+}
+
+const char* RoleName(engine::Role r) {
+  switch (r) {
+    case engine::Role::kProducer: return "prefill";
+    case engine::Role::kConsumer: return "decode";
+    case engine::Role::kBoth: return "both";
+    case engine::Role::kPlain: return "plain";
+  }
+  return "?";
+}
+
+const char* StateName(engine::EngineState s) {
+  switch (s) {
+    case engine::EngineState::kActive: return "active";
+    case engine::EngineState::kPaused: return "paused";
+    case engine::EngineState::kSleeping: return "sleeping";
+    case engine::EngineState::kKvReleased: return "kv_released";
+  }
+  return "?";
+}
+
+void SendError(httplib::Response& res, int code, const std::string& message,
+               const char* type = "invalid_request_error") {
+  res.status = code;
+  res.set_content(ErrorJson(message, type, code), "application/json");
+}
+
+std::map<std::string, std::string> QueryOf(const httplib::Request& req) {
+  std::map<std::string, std::string> q;
+  for (const auto& [k, v] : req.params) q[k] = v;
+  return q;
+}
+
+// One running completion, shared by the content provider and its releaser.
+struct Pending {
+  std::shared_ptr<runtime::RequestStream> stream;
+  uint64_t client = 0;
+  std::string id;
+  uint32_t prompt_tokens = 0;
+  bool stream_mode = false;
+  std::optional<KvTransferOut> kv_out;
+  size_t cursor = 0;
+  std::vector<engine::Token> tokens;
+  std::vector<uint64_t> versions;
+  runtime::RequestStream* raw() { return stream.get(); }
+  std::atomic<bool> finished{false};
+  Instant started;
+  bool first_token_seen = false;
+};
+
+// Starts `call` on the engine (engine thread); `clients` are the engine ids
+// of an abort_requests call's request ids.
+uint64_t StartAdminCall(const AdminCall& call, const std::vector<uint64_t>& clients,
+                        engine::Engine& e) {
+  return std::visit(
+      [&](const auto& c) -> uint64_t {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, PauseCall>) {
+          return e.Pause(c.mode, c.clear_cache);
+        } else if constexpr (std::is_same_v<T, ResumeCall>) {
+          return e.Resume();
+        } else if constexpr (std::is_same_v<T, SleepCall>) {
+          return e.Sleep(c.level, c.mode);
+        } else if constexpr (std::is_same_v<T, WakeUpCall>) {
+          return e.WakeUp();
+        } else if constexpr (std::is_same_v<T, ResetPrefixCacheCall>) {
+          return e.ResetPrefixCache(c.reset_running_requests);
+        } else if constexpr (std::is_same_v<T, ReleaseKvCacheMemoryCall>) {
+          return e.ReleaseKvCacheMemory();
+        } else if constexpr (std::is_same_v<T, AbortRequestsCall>) {
+          return e.AbortRequests(clients, c.all);
+        } else {
+          return e.UpdateWeights(c.version, c.mode);
+        }
+      },
+      call);
+}
+
+}  // namespace
+
+struct EngineServer::Impl {
+  std::mutex ids_mu;
+  std::unordered_map<std::string, uint64_t> client_of_id;  // guarded by ids_mu
+  ServerOptions options;
+  std::unique_ptr<runtime::Node> node;
+  ServerMetrics metrics;
+  httplib::Server http;
+  std::thread http_thread;
+  ParseLimits limits;
+  int64_t created_s = runtime::WallSeconds();
+  std::atomic<int> bound_port{0};
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopped = false;
+
+  void Routes();
+  void Completions(const httplib::Request& req, httplib::Response& res);
+  void Admin(const httplib::Request& req, httplib::Response& res);
+  json DebugState();
+  std::string Metrics();
+  runtime::EngineActor& engine() { return node->engine(); }
+};
+
+Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (impl->options.model_name.empty()) {
+    impl->options.model_name = "kvrelay-" + options.node.engine.shape.name;
+  }
+  impl->limits = ParseLimitsFor(options.node.engine.shape, options.max_body_bytes);
+  impl->limits.model_name = impl->options.model_name;
+  runtime::NodeOptions node_options = options.node;
+  node_options.latency = impl->metrics.LatencySink();
+  Result<std::unique_ptr<runtime::Node>> node = runtime::Node::Start(node_options);
+  if (!node.ok()) return node.status();
+  impl->node = std::move(*node);
+  impl->Routes();
+  const uint32_t threads = options.http_threads;
+  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl->http.set_payload_max_length(options.max_body_bytes);
+  impl->http.set_keep_alive_max_count(1000);
+  int port = options.http_port;
+  if (port == 0) {
+    port = impl->http.bind_to_any_port(options.http_host);
+  } else if (!impl->http.bind_to_port(options.http_host, port)) {
+    port = -1;
+  }
+  if (port <= 0) {
+    impl->node->Shutdown(Duration::Zero());
+    return Status(StatusCode::kUnavailable, "cannot listen on " + options.http_host + ":" +
+                                                std::to_string(options.http_port));
+  }
+  impl->bound_port = port;
+  Impl* raw = impl.get();
+  impl->http_thread = std::thread([raw] { raw->http.listen_after_bind(); });
+  return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
+}
+
+EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EngineServer::~EngineServer() { Stop(); }
+
+uint16_t EngineServer::port() const { return static_cast<uint16_t>(impl_->bound_port.load()); }
+
+void EngineServer::Wait() {
+  std::unique_lock<std::mutex> lock(impl_->stop_mu);
+  impl_->stop_cv.wait(lock, [&] { return impl_->stopped; });
+}
+
+void EngineServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->stop_mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+  }
+  // Drain first so open streams finish (aborted) and P answers its pulls;
+  // then stop the listener, which waits for handlers to return.
+  impl_->node->Shutdown(Duration::Seconds(5));
+  impl_->http.stop();
+  if (impl_->http_thread.joinable()) impl_->http_thread.join();
+  impl_->stop_cv.notify_all();
+}
+
+// --- routes ------------------------------------------------------------------
+
+void EngineServer::Impl::Routes() {
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Completions(req, res);
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(ModelsJson(options.model_name, created_s, limits.max_context),
+                    "application/json");
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    auto alive = engine().Query([](const engine::Engine&) { return true; });
+    if (alive) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    } else {
+      SendError(res, 503, "engine stopped", "server_error");
+    }
+  });
+  http.Get("/is_sleeping", [this](const httplib::Request&, httplib::Response& res) {
+    auto s = engine().Query([](const engine::Engine& e) { return e.IsSleeping(); });
+    if (!s) return SendError(res, 503, "engine stopped", "server_error");
+    res.set_content(json{{"is_sleeping", *s}}.dump(), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Metrics(), "text/plain; version=0.0.4");
+  });
+  http.Get("/debug/state", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(DebugState().dump(2), "application/json");
+  });
+  for (const char* path : {"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache",
+                           "/release_kv_cache_memory", "/abort_requests", "/update_weights"}) {
+    http.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
+      Admin(req, res);
+    });
+  }
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                              : "request failed";
+    res.set_content(ErrorJson(msg, "invalid_request_error", res.status), "application/json");
+  });
+}
+
+void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
+  metrics.http_requests->Inc();
+  Result<CompletionRequest> parsed = ParseCompletionRequest(req.body, limits);
+  if (!parsed.ok()) {
+    metrics.bad_requests->Inc();
+    return SendError(res, HttpStatusForParseError(parsed.status()), parsed.status().message());
+  }
+  CompletionRequest cr = std::move(*parsed);
+  const engine::EngineOptions& eo = options.node.engine;
+  if (cr.has_kv && cr.kv.do_remote_prefill && node->transfers() &&
+      eo.role != engine::Role::kProducer) {
+    Status s = node->EnsureProducers(cr.kv.remote_engine, cr.remote_host, cr.remote_port,
+                                     cr.kv.remote_tp);
+    if (!s.ok()) {
+      metrics.requests_rejected->Inc();
+      return SendError(res, 503, s.message(), "server_error");
+    }
+  }
+  engine::RequestSpec spec;
+  spec.client = engine().NewClientId();
+  spec.prompt = cr.prompt;
+  spec.max_tokens = cr.max_tokens;
+  if (cr.has_kv) spec.kv = cr.kv;
+  auto p = std::make_shared<Pending>();
+  p->client = spec.client;
+  p->id = cr.request_id.empty() ? "cmpl-" + std::to_string(eo.engine_id) + "-" +
+                                      std::to_string(eo.incarnation) + "-" +
+                                      std::to_string(spec.client)
+                                : cr.request_id;
+  p->prompt_tokens = static_cast<uint32_t>(cr.prompt.size());
+  p->stream_mode = cr.stream;
+  p->started = runtime::MonoNow();
+  if (cr.has_kv && cr.kv.do_remote_decode) {
+    p->kv_out = KvTransferOut{cr.kv.transfer, eo.engine_id, options.node.advertise_host,
+                              options.node.ctrl_port, eo.tp};
+  }
+  Result<std::shared_ptr<runtime::RequestStream>> stream = engine().Submit(std::move(spec));
+  if (!stream.ok()) {
+    metrics.requests_rejected->Inc();
+    return SendError(res, HttpStatusFor(stream.status()), stream.status().message(),
+                     HttpStatusFor(stream.status()) >= 500 ? "server_error"
+                                                           : "invalid_request_error");
+  }
+  p->stream = std::move(*stream);
+  metrics.requests_started->Inc();
+  {
+    std::lock_guard<std::mutex> lock(ids_mu);
+    client_of_id[p->id] = p->client;
+  }
+  const auto probe = options.disconnect_probe;
+  const std::string model = options.model_name;
+  const int64_t created = runtime::WallSeconds();
+  auto finish_metrics = [this, p] {
+    metrics.RequestFinished(p->raw()->reason(), (runtime::MonoNow() - p->started).seconds());
+  };
+  auto provider = [p, probe, model, created, finish_metrics](size_t,
+                                                             httplib::DataSink& sink) -> bool {
+    std::vector<engine::TokenOut> got;
+    const bool done = p->raw()->Wait(&p->cursor, &got, probe);
+    std::vector<engine::Token> toks;
+    std::vector<uint64_t> vers;
+    for (const auto& t : got) {
+      toks.push_back(t.token);
+      vers.push_back(t.weights_version);
+    }
+    p->tokens.insert(p->tokens.end(), toks.begin(), toks.end());
+    p->versions.insert(p->versions.end(), vers.begin(), vers.end());
+    if (p->stream_mode) {
+      std::string out;
+      if (!toks.empty()) {
+        out += SseEvent(StreamChunkJson(p->id, model, created, toks, vers, std::nullopt));
+      }
+      if (done) {
+        CompletionResult r;
+        r.id = p->id;
+        r.model = model;
+        r.created_s = created;
+        r.prompt_tokens = p->prompt_tokens;
+        r.tokens = p->tokens;
+        r.weights_versions = p->versions;
+        r.finish_reason = p->raw()->reason();
+        r.error = p->raw()->error();
+        r.kv_transfer_params = p->kv_out;
+        // The last event carries the finish and, as vLLM's usage chunk
+        // does, the whole result (usage, kv_transfer_params).
+        out += SseEvent(CompletionJson(r));
+        out += SseDone();
+      } else if (out.empty()) {
+        out = ": keep-alive\n\n";  // also probes for a client that left
+      }
+      if (!sink.write(out.data(), out.size())) return false;
+    } else if (!done) {
+      // Leading whitespace is valid JSON: it keeps the connection probed.
+      if (!sink.write(" ", 1)) return false;
+    } else {
+      CompletionResult r;
+      r.id = p->id;
+      r.model = model;
+      r.created_s = created;
+      r.prompt_tokens = p->prompt_tokens;
+      r.tokens = p->tokens;
+      r.weights_versions = p->versions;
+      r.finish_reason = p->raw()->reason();
+      r.error = p->raw()->error();
+      r.kv_transfer_params = p->kv_out;
+      const std::string body = CompletionJson(r);
+      if (!sink.write(body.data(), body.size())) return false;
+    }
+    if (done) {
+      p->finished = true;
+      finish_metrics();
+      sink.done();
+    }
+    return true;
+  };
+  auto releaser = [this, p](bool) {
+    {
+      std::lock_guard<std::mutex> lock(ids_mu);
+      auto it = client_of_id.find(p->id);
+      if (it != client_of_id.end() && it->second == p->client) client_of_id.erase(it);
+    }
+    if (!p->finished.exchange(true)) {
+      // The client went away before the end: abort its request.
+      metrics.client_disconnects->Inc();
+      engine().Abort(p->client);
+    }
+  };
+  res.set_chunked_content_provider(cr.stream ? "text/event-stream" : "application/json",
+                                   provider, releaser);
+}
+
+void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& res) {
+  Result<AdminCall> call = ParseAdminCall(req.path, QueryOf(req), req.body);
+  if (!call.ok()) {
+    metrics.bad_requests->Inc();
+    return SendError(res, 400, call.status().message());
+  }
+  const AdminCall c = *call;
+  std::vector<uint64_t> clients;
+  if (const auto* a = std::get_if<AbortRequestsCall>(&c); a && !a->all) {
+    std::lock_guard<std::mutex> lock(ids_mu);
+    for (const std::string& id : a->request_ids) {
+      auto it = client_of_id.find(id);
+      if (it != client_of_id.end()) clients.push_back(it->second);
+    }
+  }
+  runtime::OpResult r = engine().RunOp(
+      [c, clients](engine::Engine& e) { return StartAdminCall(c, clients, e); },
+      options.op_timeout);
+  metrics.AdminCall(AdminCallName(c), r.ok, r.latency_s);
+  Log("admin", "%s: %s in %.3f s%s%s", req.path.c_str(), r.ok ? "ok" : "failed", r.latency_s,
+      r.detail.empty() ? "" : ": ", r.detail.c_str());
+  res.status = r.ok ? 200 : 409;
+  res.set_content(json{{"ok", r.ok},
+                       {"call", AdminCallName(c)},
+                       {"detail", r.detail},
+                       {"latency_s", r.latency_s}}
+                      .dump(),
+                  "application/json");
+}
+
+json EngineServer::Impl::DebugState() {
+  const engine::EngineOptions& eo = options.node.engine;
+  json j;
+  j["engine_id"] = eo.engine_id;
+  j["incarnation"] = eo.incarnation;
+  j["role"] = RoleName(eo.role);
+  j["tp"] = eo.tp;
+  j["transport"] = net::TransportName(options.node.transport);
+  auto snap = engine().Query([](const engine::Engine& e) {
+    return std::make_pair(e.Snapshot(), e.Idle());
+  });
+  bool idle = true;
+  if (snap) {
+    const engine::EngineSnapshot& s = snap->first;
+    j["engine"] = json{{"state", StateName(s.state)},
+                       {"sleeping", s.sleeping},
+                       {"weights_version", s.weights_version},
+                       {"waiting", s.waiting},
+                       {"running", s.running},
+                       {"loading", s.loading},
+                       {"held", s.held},
+                       {"releasing", s.releasing},
+                       {"blocks_used", s.blocks_used},
+                       {"blocks_free", s.blocks_free},
+                       {"blocks_cached", s.blocks_cached},
+                       {"pending_ops", s.pending_ops},
+                       {"idle", snap->second},
+                       {"inbox", engine().inbox_size()}};
+    idle = snap->second && s.blocks_used == 0;
+  } else {
+    j["engine"] = nullptr;
+    idle = false;
+  }
+  json ranks = json::array();
+  for (const auto& rank : node->ranks()) {
+    std::optional<runtime::RankState> st = rank->State();
+    if (!st) {
+      idle = false;
+      continue;
+    }
+    json sends = json::array(), loads = json::array(), peers = json::array();
+    for (const SendView& s : st->sends) {
+      sends.push_back(json{{"transfer", s.transfer.ToString()},
+                           {"state", SendStateName(s.state)},
+                           {"age_s", (st->now - s.created).seconds()},
+                           {"need", s.need},
+                           {"pulled", s.pulled},
+                           {"writes_in_flight", s.writes_in_flight},
+                           {"blocks", s.blocks},
+                           {"pull_items", s.items}});
+    }
+    for (const LoadView& l : st->loads) {
+      loads.push_back(json{{"transfer", l.transfer.ToString()},
+                           {"age_s", (st->now - l.started).seconds()},
+                           {"producers", l.producers},
+                           {"unanswered", l.unanswered},
+                           {"blocks", l.blocks},
+                           {"failed", l.failed},
+                           {"released", l.released},
+                           {"cut_short", l.cut_short}});
+    }
+    for (const runtime::PeerView& pv : st->peers) {
+      peers.push_back(json{{"engine", pv.engine},
+                           {"rank", pv.rank},
+                           {"incarnation", pv.peer.generation},
+                           {"endpoint", pv.endpoint},
+                           {"state", pv.state},
+                           {"silent_s", pv.silent_s}});
+    }
+    if (!st->sends.empty() || !st->loads.empty()) idle = false;
+    ranks.push_back(json{{"rank", st->rank},
+                         {"sends", sends},
+                         {"loads", loads},
+                         {"peers", peers},
+                         {"writes_in_flight", st->writes_in_flight},
+                         {"queued_for_sender", st->queued_for_sender},
+                         {"tombstones", st->tombstones},
+                         {"inbox", rank->inbox_size()}});
+  }
+  j["ranks"] = ranks;
+  j["idle"] = idle;
+  return j;
+}
+
+std::string EngineServer::Impl::Metrics() {
+  return metrics.Render(*node);
+}
+
+}  // namespace kvrelay::server

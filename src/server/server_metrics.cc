@@ -1,0 +1,252 @@
+#include "server/server_metrics.h"
+
+#include "server/admin_call.h"
+
+namespace kvrelay::server {
+
+namespace {
+// Counter slots of Snapshot::counters (summed over ranks).
+enum Slot {
+  kFramesIn, kFramesOut, kMalformed, kUnknownSender, kHandshakeRefused, kUnroutable,
+  kHandshakes, kPeersDown, kPeersGone, kReconnects, kWritesOk, kWritesFailed, kBytesWritten,
+  kPullsSent, kAnswersReceived, kSlots
+};
+static_assert(kSlots <= 16);
+const std::vector<double>& TransferBuckets() {
+  static const std::vector<double> b = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                        0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
+                                        5,      10,      30,     60,    120,    480};
+  return b;
+}
+}  // namespace
+
+ServerMetrics::ServerMetrics() {
+  MetricsRegistry& r = registry_;
+  http_requests = r.AddCounter("kvrelay_http_completion_requests_total",
+                               "POST /v1/completions received");
+  bad_requests = r.AddCounter("kvrelay_http_bad_requests_total",
+                              "requests refused with 4xx: malformed body or parameters");
+  requests_rejected = r.AddCounter("kvrelay_requests_rejected_total",
+                                   "valid requests the engine refused (queue full, "
+                                   "duplicate transfer_id, producer unreachable)");
+  requests_started = r.AddCounter("kvrelay_requests_started_total", "requests admitted");
+  client_disconnects = r.AddCounter("kvrelay_client_disconnects_total",
+                                    "clients that went away before their request ended "
+                                    "(each aborts its request)");
+  const char* reasons[] = {"length", "abort", "error"};
+  for (int i = 0; i < 3; ++i) {
+    finished_[i] = r.AddCounter("kvrelay_requests_finished_total", "requests ended, by reason",
+                                {{"reason", reasons[i]}});
+  }
+  request_latency_ = r.AddHistogram("kvrelay_request_latency_seconds",
+                                    "admission to last token", TransferBuckets());
+  for (std::string_view path : AdminPaths()) {
+    std::string call(path.substr(1));
+    admin_calls_[call] = {
+        r.AddCounter("kvrelay_admin_calls_total", "admin calls, by call and outcome",
+                     {{"call", call}, {"outcome", "ok"}}),
+        r.AddCounter("kvrelay_admin_calls_total", "admin calls, by call and outcome",
+                     {{"call", call}, {"outcome", "failed"}})};
+    admin_latency_[call] = r.AddHistogram("kvrelay_admin_call_latency_seconds",
+                                          "call to completion", TransferBuckets(),
+                                          {{"call", call}});
+  }
+  pull_answer_latency_ = r.AddHistogram("kvrelay_pull_answer_latency_seconds",
+                                        "D: pull sent to its answer received",
+                                        TransferBuckets());
+  transfer_latency_ok_ = r.AddHistogram("kvrelay_transfer_latency_seconds",
+                                        "D: load started to every producer answered",
+                                        TransferBuckets(), {{"outcome", "ok"}});
+  transfer_latency_failed_ = r.AddHistogram("kvrelay_transfer_latency_seconds",
+                                            "D: load started to every producer answered",
+                                            TransferBuckets(), {{"outcome", "failed"}});
+  write_latency_ = r.AddHistogram("kvrelay_write_latency_seconds",
+                                  "P: one data-plane write, start to bytes at D",
+                                  TransferBuckets());
+
+  // State, read from the snapshot Render() takes.
+  Snapshot* s = &snap_;
+  auto gauge = [&](const char* name, const char* help, MetricLabels labels,
+                   std::function<double()> fn) {
+    r.AddGaugeFn(name, help, std::move(labels), std::move(fn));
+  };
+  auto counter = [&](const char* name, const char* help, MetricLabels labels,
+                     std::function<uint64_t()> fn) {
+    r.AddCounterFn(name, help, std::move(labels), std::move(fn));
+  };
+  const char* kReqHelp = "requests in the engine, by state";
+  gauge("kvrelay_requests", kReqHelp, {{"state", "waiting"}}, [s] { return s->engine.waiting; });
+  gauge("kvrelay_requests", kReqHelp, {{"state", "running"}}, [s] { return s->engine.running; });
+  gauge("kvrelay_requests", kReqHelp, {{"state", "loading"}}, [s] { return s->engine.loading; });
+  gauge("kvrelay_requests", kReqHelp, {{"state", "held_for_transfer"}},
+        [s] { return s->engine.held; });
+  gauge("kvrelay_requests", kReqHelp, {{"state", "releasing"}},
+        [s] { return s->engine.releasing; });
+  const char* kBlkHelp = "KV blocks of the pool, by use";
+  gauge("kvrelay_kv_blocks", kBlkHelp, {{"use", "used"}}, [s] { return s->engine.blocks_used; });
+  gauge("kvrelay_kv_blocks", kBlkHelp, {{"use", "free"}}, [s] { return s->engine.blocks_free; });
+  gauge("kvrelay_kv_blocks", kBlkHelp, {{"use", "cached"}},
+        [s] { return s->engine.blocks_cached; });
+  gauge("kvrelay_kv_blocks", kBlkHelp, {{"use", "held_for_transfer"}}, [s] {
+    double n = 0;
+    for (const auto& rk : s->ranks) {
+      if (rk.rank != 0) continue;  // the same blocks on every rank
+      for (const auto& v : rk.sends) n += v.blocks;
+      for (const auto& v : rk.loads) n += v.blocks;
+    }
+    return n;
+  });
+  gauge("kvrelay_engine_pending_ops", "lifecycle operations queued or in progress", {},
+        [s] { return s->engine.pending_ops; });
+  gauge("kvrelay_weights_version", "weights version loaded", {},
+        [s] { return static_cast<double>(s->engine.weights_version); });
+  gauge("kvrelay_engine_sleeping", "1 while asleep", {}, [s] { return s->engine.sleeping; });
+  const char* kTrHelp = "live sends (P), by state, summed over ranks";
+  for (SendState st : {SendState::kWaiting, SendState::kReady, SendState::kDone}) {
+    gauge("kvrelay_transfers", kTrHelp, {{"state", SendStateName(st)}}, [s, st] {
+      double n = 0;
+      for (const auto& rk : s->ranks) {
+        for (const auto& v : rk.sends) n += v.state == st;
+      }
+      return n;
+    });
+  }
+  gauge("kvrelay_loads_in_flight", "live loads (D), summed over ranks", {}, [s] {
+    double n = 0;
+    for (const auto& rk : s->ranks) n += static_cast<double>(rk.loads.size());
+    return n;
+  });
+  gauge("kvrelay_writes_in_flight", "data-plane writes in flight (P)", {}, [s] {
+    double n = 0;
+    for (const auto& rk : s->ranks) n += rk.writes_in_flight;
+    return n;
+  });
+  gauge("kvrelay_pulls_queued_for_sender", "pull items waiting for a sender slot (P)", {}, [s] {
+    double n = 0;
+    for (const auto& rk : s->ranks) n += static_cast<double>(rk.queued_for_sender);
+    return n;
+  });
+  counter("kvrelay_pulls_received_total", "pull items received (P)", {}, [s] {
+    uint64_t n = 0;
+    for (const auto& rk : s->ranks) n += rk.send_stats.pull_items;
+    return n;
+  });
+  for (int i = 0; i < kTransferResultCount; ++i) {
+    const std::string name(TransferResultName(static_cast<TransferResult>(i)));
+    counter("kvrelay_pulls_answered_total", "pull items answered (P), by outcome",
+            {{"outcome", name}}, [s, i] {
+              uint64_t n = 0;
+              for (const auto& rk : s->ranks) n += rk.send_stats.answers[i];
+              return n;
+            });
+    counter("kvrelay_sends_ended_total", "sends ended (P), by reason", {{"reason", name}},
+            [s, i] {
+              uint64_t n = 0;
+              for (const auto& rk : s->ranks) n += rk.send_stats.ends[i];
+              return n;
+            });
+  }
+  counter("kvrelay_expirations_total",
+          "pull items whose deadline passed before a write could start (P)", {}, [s] {
+            uint64_t n = 0;
+            for (const auto& rk : s->ranks) {
+              n += rk.send_stats.deadline_timer + rk.send_stats.deadline_at_admission;
+            }
+            return n;
+          });
+  const char* kLoadHelp = "loads ended (D), by outcome";
+  auto load_counter = [&](const char* outcome, uint64_t LoadTableStats::*field) {
+    counter("kvrelay_loads_total", kLoadHelp, {{"outcome", outcome}}, [s, field] {
+      uint64_t n = 0;
+      for (const auto& rk : s->ranks) n += rk.load_stats.*field;
+      return n;
+    });
+  };
+  load_counter("ok", &LoadTableStats::loads_ok);
+  load_counter("failed", &LoadTableStats::loads_failed);
+  load_counter("released", &LoadTableStats::loads_released);
+  load_counter("cut_short", &LoadTableStats::loads_cut_short);
+  struct C {
+    const char* name;
+    const char* help;
+    int slot;
+  };
+  for (const C& c : {
+           C{"kvrelay_control_frames_received_total", "control frames received", kFramesIn},
+           C{"kvrelay_control_frames_sent_total", "control frames sent", kFramesOut},
+           C{"kvrelay_control_frames_malformed_total", "control frames dropped: undecodable",
+             kMalformed},
+           C{"kvrelay_control_unknown_sender_total",
+             "control frames dropped: sender never handshook", kUnknownSender},
+           C{"kvrelay_handshakes_refused_total",
+             "handshakes refused: layout, transport or identity mismatch", kHandshakeRefused},
+           C{"kvrelay_control_unroutable_total", "messages for a peer that is gone",
+             kUnroutable},
+           C{"kvrelay_handshakes_total", "peers (re)registered", kHandshakes},
+           C{"kvrelay_peers_down_total", "peers that went silent", kPeersDown},
+           C{"kvrelay_peers_gone_total", "peers declared gone (their loads failed)", kPeersGone},
+           C{"kvrelay_peer_reconnects_total", "silent peers that came back", kReconnects},
+           C{"kvrelay_writes_ok_total", "data-plane writes completed (P)", kWritesOk},
+           C{"kvrelay_writes_failed_total", "data-plane writes failed (P)", kWritesFailed},
+           C{"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", kBytesWritten},
+           C{"kvrelay_pulls_sent_total", "pull items sent (D)", kPullsSent},
+           C{"kvrelay_answers_received_total", "answers received (D)", kAnswersReceived},
+       }) {
+    const int slot = c.slot;
+    counter(c.name, c.help, {}, [s, slot] { return s->counters[slot]; });
+  }
+  counter("kvrelay_transport_writes_refused_total",
+          "tcp receiver: writes refused (not granted or out of range)", {},
+          [s] { return s->transport[0]; });
+  counter("kvrelay_transport_frames_malformed_total", "tcp receiver: malformed data frames",
+          {}, [s] { return s->transport[1]; });
+  counter("kvrelay_transport_bytes_received_total", "tcp receiver: bytes written into KV", {},
+          [s] { return s->transport[2]; });
+}
+
+void ServerMetrics::RequestFinished(engine::FinishReason reason, double seconds) {
+  finished_[static_cast<int>(reason)]->Inc();
+  request_latency_->ObserveSeconds(seconds);
+}
+
+void ServerMetrics::AdminCall(std::string_view call, bool ok, double seconds) {
+  auto it = admin_calls_.find(call);
+  if (it == admin_calls_.end()) return;
+  (ok ? it->second.first : it->second.second)->Inc();
+  admin_latency_.find(call)->second->ObserveSeconds(seconds);
+}
+
+runtime::LatencySink ServerMetrics::LatencySink() {
+  runtime::LatencySink sink;
+  sink.pull_answer = [this](double s, TransferResult) { pull_answer_latency_->ObserveSeconds(s); };
+  sink.transfer = [this](double s, bool ok) {
+    (ok ? transfer_latency_ok_ : transfer_latency_failed_)->ObserveSeconds(s);
+  };
+  sink.write = [this](double s) { write_latency_->ObserveSeconds(s); };
+  return sink;
+}
+
+std::string ServerMetrics::Render(runtime::Node& node) {
+  std::lock_guard<std::mutex> lock(render_mu_);
+  snap_ = Snapshot{};
+  if (auto e = node.engine().Query([](const engine::Engine& en) { return en.Snapshot(); })) {
+    snap_.engine = *e;
+  }
+  for (const auto& rank : node.ranks()) {
+    if (auto st = rank->State()) snap_.ranks.push_back(std::move(*st));
+    const runtime::RankCounters& c = rank->counters();
+    const std::atomic<uint64_t>* fields[kSlots] = {
+        &c.frames_in,   &c.frames_out, &c.malformed, &c.unknown_sender, &c.handshake_refused,
+        &c.unroutable,  &c.handshakes, &c.peers_down, &c.peers_gone,    &c.reconnects,
+        &c.writes_ok,   &c.writes_failed, &c.bytes_written, &c.pulls_sent,
+        &c.answers_received};
+    for (int i = 0; i < kSlots; ++i) snap_.counters[i] += fields[i]->load();
+  }
+  const net::TransportStats& ts = node.transport().stats();
+  snap_.transport[0] = ts.writes_refused.load();
+  snap_.transport[1] = ts.frames_malformed.load();
+  snap_.transport[2] = ts.bytes_received.load();
+  return registry_.Render();
+}
+
+}  // namespace kvrelay::server
