@@ -2,12 +2,24 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/load_gen.h"
 
 namespace kvrelay::cli {
 
 void RegisterBench(CLI::App& app);
 void RegisterSim(CLI::App& app);
 void RegisterServe(CLI::App& app);
+
+// `bench load`'s flags and runner, shared with `demo`.
+void RegisterLoadOptions(CLI::App* bench);
+void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
+                  std::string* json_path);
+int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
+                   const std::string& json_path);
+void RegisterDemo(CLI::App& app);
 
 // The process exit code chosen by the subcommand that ran (0 by default).
 int ExitCode();

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   kvrelay::cli::RegisterBench(app);
   kvrelay::cli::RegisterSim(app);
   kvrelay::cli::RegisterServe(app);
+  kvrelay::cli::RegisterDemo(app);
   CLI11_PARSE(app, argc, argv);
   return kvrelay::cli::ExitCode();
 }

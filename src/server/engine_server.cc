@@ -212,6 +212,21 @@ void EngineServer::Impl::Routes() {
       SendError(res, 503, "engine stopped", "server_error");
     }
   });
+  http.Get("/kv_info", [this](const httplib::Request&, httplib::Response& res) {
+    const engine::EngineOptions& eo = options.node.engine;
+    res.set_content(json{{"engine_id", eo.engine_id},
+                         {"incarnation", eo.incarnation},
+                         {"role", RoleName(eo.role)},
+                         {"tp", eo.tp},
+                         {"kv_host", options.node.advertise_host},
+                         {"kv_port", options.node.ctrl_port},
+                         {"transport", net::TransportName(options.node.transport)},
+                         {"model", options.model_name},
+                         {"model_shape", eo.shape.name},
+                         {"max_context", eo.shape.max_context}}
+                        .dump(),
+                    "application/json");
+  });
   http.Get("/is_sleeping", [this](const httplib::Request&, httplib::Response& res) {
     auto s = engine().Query([](const engine::Engine& e) { return e.IsSleeping(); });
     if (!s) return SendError(res, 503, "engine stopped", "server_error");

@@ -1,0 +1,76 @@
+#include "bench/control_call.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+
+namespace kvrelay {
+
+std::string ControlCall::ToString() const {
+  std::string s = call + ":";
+  bool first = true;
+  for (const auto& [k, v] : params) {
+    s += (first ? "" : ",") + k + "=" + v;
+    first = false;
+  }
+  char when[32];
+  std::snprintf(when, sizeof when, "%g", at_s);
+  s += std::string(first ? "" : ",") + "target=" + target + "@" + when + "s";
+  return s;
+}
+
+Result<ControlCall> ParseControlCall(const std::string& spec) {
+  static const std::set<std::string> kCalls = {
+      "pause",          "resume",         "sleep",          "wake_up",
+      "reset_prefix_cache", "release_kv_cache_memory", "abort_requests", "update_weights"};
+  ControlCall c;
+  const size_t at = spec.rfind('@');
+  if (at == std::string::npos) {
+    return InvalidArgumentError("--control '" + spec + "': missing '@<seconds>s'");
+  }
+  std::string when = spec.substr(at + 1);
+  if (!when.empty() && when.back() == 's') when.pop_back();
+  char* end = nullptr;
+  c.at_s = std::strtod(when.c_str(), &end);
+  if (when.empty() || end != when.c_str() + when.size() || c.at_s < 0) {
+    return InvalidArgumentError("--control '" + spec + "': bad time '" + spec.substr(at + 1) +
+                                "' (want e.g. 3s)");
+  }
+  const std::string head = spec.substr(0, at);
+  const size_t colon = head.find(':');
+  c.call = head.substr(0, colon);
+  if (!kCalls.count(c.call)) {
+    return InvalidArgumentError("--control '" + spec + "': unknown call '" + c.call +
+                                "' (pause, resume, sleep, wake_up, reset_prefix_cache, "
+                                "release_kv_cache_memory, abort_requests, update_weights)");
+  }
+  if (colon != std::string::npos) {
+    std::string rest = head.substr(colon + 1);
+    size_t pos = 0;
+    while (pos <= rest.size() && !rest.empty()) {
+      size_t comma = rest.find(',', pos);
+      if (comma == std::string::npos) comma = rest.size();
+      const std::string kv = rest.substr(pos, comma - pos);
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return InvalidArgumentError("--control '" + spec + "': '" + kv + "' is not key=value");
+      }
+      const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      if (k == "target") {
+        if (v != "p" && v != "d" && v != "all") {
+          return InvalidArgumentError("--control '" + spec + "': target must be p, d or all");
+        }
+        c.target = v;
+      } else if (k == "resume_after_ms") {
+        c.resume_after_ms = std::atoi(v.c_str());
+      } else {
+        c.params[k] = v;
+      }
+      pos = comma + 1;
+      if (comma == rest.size()) break;
+    }
+  }
+  return c;
+}
+
+}  // namespace kvrelay

@@ -1,0 +1,37 @@
+// control_call.h — ControlCall: a lifecycle call the load generator lands
+// while its load runs, parsed from `--control "CALL:k=v,...@Ts"`.
+//
+//   pause:mode=abort,target=p@3s        POST /pause?mode=abort on every P at 3 s
+//   sleep:level=1,target=d@2.5s         POST /sleep?level=1 on every D
+//   reset_prefix_cache:target=all@4s
+//   update_weights:version=2,target=all@3s   (JSON body {"version": 2, ...})
+//   abort_requests:target=p@3s          (body {}: every request)
+//
+// Keys other than `target` and `resume_after_ms` become query parameters
+// (or body fields for update_weights). `target`: p | d | all (default p).
+// A pause or sleep is followed, `resume_after_ms` after it returned
+// (default 200; -1: never), by /resume or /wake_up on the same targets, so
+// the load can finish.
+//
+// Thread safety: a value type.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "base/result.h"
+
+namespace kvrelay {
+
+struct ControlCall {
+  std::string call;                            // admin path without '/'
+  std::map<std::string, std::string> params;   // query / body fields
+  std::string target = "p";                    // p | d | all
+  double at_s = 0;
+  int resume_after_ms = 200;
+  std::string ToString() const;
+};
+
+Result<ControlCall> ParseControlCall(const std::string& spec);
+
+}  // namespace kvrelay

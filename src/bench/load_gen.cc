@@ -1,0 +1,598 @@
+#include "bench/load_gen.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/prng.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+
+namespace kvrelay {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+Percentiles Summarize(std::vector<double> v) {
+  Percentiles p;
+  p.n = v.size();
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  p.p50 = at(0.50);
+  p.p90 = at(0.90);
+  p.p99 = at(0.99);
+  p.max = v.back();
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  return p;
+}
+
+struct Spec {
+  std::vector<engine::Token> prompt;
+  uint32_t max_tokens = 0;
+  bool disconnect = false;
+  double disconnect_after_s = 0;
+};
+
+Spec MakeSpec(const LoadOptions& o, uint32_t i, uint32_t vocab) {
+  Prng prng(Mix64(o.seed * 0x9E3779B97F4A7C15ull + i));
+  Spec s;
+  const uint32_t plen = o.prompt_min + static_cast<uint32_t>(
+                                           prng.Uniform(o.prompt_max - o.prompt_min + 1));
+  for (uint32_t k = 0; k < plen; ++k) {
+    s.prompt.push_back(static_cast<engine::Token>(1 + prng.Uniform(vocab - 1)));
+  }
+  s.max_tokens = o.output_min + static_cast<uint32_t>(prng.Uniform(o.output_max - o.output_min + 1));
+  s.disconnect = prng.Uniform(1'000'000) < static_cast<uint64_t>(o.disconnect_fraction * 1e6);
+  // A moment inside a typical request's life: while queued, prefilling,
+  // transferring or decoding.
+  s.disconnect_after_s = static_cast<double>(prng.Uniform(500)) / 1000.0;  // 0 .. 0.5 s
+  return s;
+}
+
+// One request's fate.
+enum class Fate { kOk, kCleanError, kDisconnected, kFailed };
+
+struct Outcome {
+  Fate fate = Fate::kFailed;
+  std::string why;
+  double ttft_s = -1, e2e_s = 0;
+  uint32_t tokens = 0;
+};
+
+// Parses SSE events out of `buf` (consumed as they complete).
+template <class F>
+void TakeEvents(std::string* buf, F on_event) {
+  size_t pos;
+  while ((pos = buf->find("\n\n")) != std::string::npos) {
+    std::string ev = buf->substr(0, pos);
+    buf->erase(0, pos + 2);
+    if (ev.rfind("data: ", 0) == 0) on_event(ev.substr(6));
+  }
+}
+
+Outcome RunOne(httplib::Client& cli, const Spec& spec, const engine::ModelShape& shape,
+               double timeout_s) {
+  Outcome out;
+  json body = {{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}, {"stream", true}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  int status = 0;
+  std::string buf, raw;
+  bool finished = false;
+  std::atomic<bool> cut_by_us{false};
+  json final_event;
+  std::string error_message;
+  const Clock::time_point t0 = Clock::now();
+  req.response_handler = [&](const httplib::Response& r) {
+    status = r.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (status != 200) {
+      raw.append(data, n);
+      return raw.size() < (1u << 20);
+    }
+    buf.append(data, n);
+    TakeEvents(&buf, [&](const std::string& ev) {
+      if (ev == "[DONE]") {
+        finished = true;
+        return;
+      }
+      json j = json::parse(ev, nullptr, false);
+      if (j.is_discarded()) return;
+      if (j.contains("error") && !j.contains("choices")) {
+        error_message = j["error"].value("message", "error");
+        final_event = j;
+        return;
+      }
+      if (out.ttft_s < 0 && j.contains("choices") && !j["choices"].empty() &&
+          !j["choices"][0].value("token_ids", json::array()).empty()) {
+        out.ttft_s = Since(t0);
+      }
+      if (j.contains("usage")) final_event = j;  // the last event: the whole result
+    });
+    return Since(t0) < timeout_s;
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  // A client that leaves mid-request, even while no byte arrives: a
+  // watchdog closes the connection at its moment.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool request_over = false;
+  std::thread watchdog;
+  if (spec.disconnect) {
+    watchdog = std::thread([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, std::chrono::duration<double>(spec.disconnect_after_s),
+                       [&] { return request_over; })) {
+        cut_by_us = true;
+        cli.stop();
+      }
+    });
+  }
+  const bool sent = cli.send(req, res, err);
+  if (watchdog.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      request_over = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+  }
+  out.e2e_s = Since(t0);
+  if (cut_by_us) {
+    out.fate = Fate::kDisconnected;
+    return out;
+  }
+  if (!sent && status == 0) {
+    out.why = "no response: " + httplib::to_string(err);
+    return out;
+  }
+  if (status != 200) {
+    json j = json::parse(raw, nullptr, false);
+    if (!j.is_discarded() && j.contains("error")) {
+      out.fate = Fate::kCleanError;
+      out.why = j["error"].value("message", "");
+    } else {
+      out.why = "HTTP " + std::to_string(status) + " without a JSON error";
+    }
+    return out;
+  }
+  if (!finished) {
+    out.why = out.e2e_s >= timeout_s ? "timed out" : "stream cut off before [DONE]";
+    return out;
+  }
+  if (!error_message.empty() && !final_event.contains("choices")) {
+    out.fate = Fate::kCleanError;
+    out.why = error_message;
+    return out;
+  }
+  if (!final_event.contains("choices")) {
+    out.why = "no final event with the result";
+    return out;
+  }
+  const json& c = final_event["choices"][0];
+  const std::string reason = c.value("finish_reason", "");
+  if (reason == "abort" || reason == "error") {
+    out.fate = Fate::kCleanError;
+    out.why = reason + ": " + final_event.value("error", json::object()).value("message", "");
+    return out;
+  }
+  std::vector<engine::TokenOut> toks;
+  const json ids = c.value("token_ids", json::array());
+  const json vers = c.value("weights_versions", json::array());
+  if (ids.size() != vers.size() || ids.size() != spec.max_tokens) {
+    out.why = "got " + std::to_string(ids.size()) + " tokens, asked " +
+              std::to_string(spec.max_tokens);
+    return out;
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    toks.push_back(engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
+  }
+  const std::string bad = engine::CheckOutput(spec.prompt, toks, shape);
+  if (!bad.empty()) {
+    out.why = "wrong output: " + bad;
+    return out;
+  }
+  out.tokens = static_cast<uint32_t>(ids.size());
+  out.fate = Fate::kOk;
+  return out;
+}
+
+Result<json> GetJson(const std::string& base, const std::string& path) {
+  httplib::Client cli(base);
+  cli.set_connection_timeout(5);
+  cli.set_read_timeout(30);
+  auto r = cli.Get(path.c_str());
+  if (!r) return Status(StatusCode::kUnavailable, base + path + ": " + httplib::to_string(r.error()));
+  if (r->status != 200) {
+    return Status(StatusCode::kNotFound, base + path + ": HTTP " + std::to_string(r->status));
+  }
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded()) return InvalidArgumentError(base + path + ": not JSON");
+  return j;
+}
+
+ControlOutcome Call(const std::string& engine_url, const std::string& call,
+                    const std::map<std::string, std::string>& params, double at_s) {
+  ControlOutcome c;
+  c.call = call;
+  c.engine = engine_url;
+  c.at_s = at_s;
+  httplib::Client cli(engine_url);
+  cli.set_read_timeout(900);
+  std::string path = "/" + call, body;
+  if (call == "update_weights") {
+    json b = json::object();
+    for (const auto& [k, v] : params) {
+      if (k == "version") {
+        b[k] = std::stoull(v);
+      } else {
+        b[k] = v;
+      }
+    }
+    body = b.dump();
+  } else if (call == "abort_requests") {
+    body = "{}";
+  } else {
+    char sep = '?';
+    for (const auto& [k, v] : params) {
+      path += sep + k + "=" + v;
+      sep = '&';
+    }
+  }
+  const Clock::time_point t0 = Clock::now();
+  auto r = cli.Post(path.c_str(), body, "application/json");
+  c.latency_s = Since(t0);
+  if (!r) {
+    c.detail = httplib::to_string(r.error());
+    return c;
+  }
+  c.http_status = r->status;
+  json j = json::parse(r->body, nullptr, false);
+  c.ok = r->status == 200 && !j.is_discarded() && j.value("ok", false);
+  if (!j.is_discarded()) c.detail = j.value("detail", j.dump());
+  return c;
+}
+
+}  // namespace
+
+bool LoadReport::passed() const {
+  if (failed != 0) return false;
+  for (const auto& c : checks) {
+    if (!c.ok) return false;
+  }
+  // A call that answered with its result (200 done, 409 refused: e.g.
+  // reset_prefix_cache while requests hold blocks) behaved; one that
+  // errored, hung or broke the connection did not.
+  for (const auto& c : controls) {
+    if (c.http_status != 200 && c.http_status != 409) return false;
+  }
+  return true;
+}
+
+LoadReport RunLoad(const LoadOptions& o) {
+  LoadReport rep;
+  rep.url = o.url;
+  rep.seed = o.seed;
+  rep.requests = o.requests;
+  rep.concurrency = o.concurrency;
+  auto check = [&](std::string name, bool ok, std::string detail) {
+    rep.checks.push_back(CheckOutcome{std::move(name), ok, std::move(detail)});
+  };
+
+  // Who serves: the router's /engines, or the URL itself.
+  std::vector<std::string> engines = o.engines;
+  std::vector<std::string> p_engines, d_engines;
+  if (engines.empty()) {
+    if (auto list = GetJson(o.url, "/engines"); list.ok()) {
+      for (const json& e : *list) {
+        const std::string url = e.value("url", "");
+        const std::string role = e.value("role", "");
+        engines.push_back(url);
+        if (role == "prefill" || role == "both") p_engines.push_back(url);
+        if (role == "decode" || role == "both") d_engines.push_back(url);
+      }
+    } else {
+      engines.push_back(o.url);
+    }
+  }
+  if (p_engines.empty() && d_engines.empty()) {
+    for (const std::string& e : engines) {
+      auto info = GetJson(e, "/kv_info");
+      const std::string role = info.ok() ? info->value("role", "") : "";
+      if (role == "prefill" || role == "both" || role == "plain") p_engines.push_back(e);
+      if (role == "decode" || role == "both" || role == "plain") d_engines.push_back(e);
+    }
+  }
+  engine::ModelShape shape;
+  {
+    auto info = GetJson(engines.front(), "/kv_info");
+    if (!info.ok() || !engine::ModelShapeByName(info->value("model_shape", ""), &shape)) {
+      check("engines reachable", false,
+            info.ok() ? "unknown model shape" : info.status().ToString());
+      return rep;
+    }
+  }
+
+  std::vector<Outcome> outcomes(o.requests);
+  std::atomic<uint32_t> next{0}, done{0}, n_ok{0}, n_err{0}, n_disc{0}, n_fail{0};
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> clients;
+  for (uint32_t w = 0; w < std::min(o.concurrency, o.requests); ++w) {
+    clients.emplace_back([&] {
+      httplib::Client cli(o.url);
+      cli.set_connection_timeout(10);
+      cli.set_read_timeout(static_cast<time_t>(o.request_timeout_s));
+      cli.set_keep_alive(true);
+      while (true) {
+        const uint32_t i = next.fetch_add(1);
+        if (i >= o.requests) return;
+        const Spec spec = MakeSpec(o, i, shape.vocab);
+        outcomes[i] = RunOne(cli, spec, shape, o.request_timeout_s);
+        switch (outcomes[i].fate) {
+          case Fate::kOk: ++n_ok; break;
+          case Fate::kCleanError: ++n_err; break;
+          case Fate::kDisconnected: ++n_disc; break;
+          case Fate::kFailed: ++n_fail; break;
+        }
+        ++done;
+      }
+    });
+  }
+  // Lifecycle calls, in time order, each on every engine of its target.
+  std::mutex controls_mu;
+  std::thread control([&] {
+    std::vector<ControlCall> calls = o.controls;
+    std::sort(calls.begin(), calls.end(),
+              [](const ControlCall& a, const ControlCall& b) { return a.at_s < b.at_s; });
+    for (const ControlCall& c : calls) {
+      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(c.at_s)));
+      std::vector<std::string> targets;
+      if (c.target == "p" || c.target == "all") targets = p_engines;
+      if (c.target == "d" || c.target == "all") {
+        for (const auto& e : d_engines) {
+          if (std::find(targets.begin(), targets.end(), e) == targets.end()) targets.push_back(e);
+        }
+      }
+      const std::string label = c.ToString();
+      std::vector<std::thread> ts;
+      for (const std::string& e : targets) {
+        ts.emplace_back([&, e] {
+          ControlOutcome r = Call(e, c.call, c.params, Since(t0));
+          r.call = label;
+          std::lock_guard<std::mutex> lock(controls_mu);
+          rep.controls.push_back(r);
+        });
+      }
+      for (auto& t : ts) t.join();
+      const bool needs_resume = c.call == "pause" || c.call == "sleep";
+      if (needs_resume && c.resume_after_ms >= 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(c.resume_after_ms));
+        const std::string back = c.call == "pause" ? "resume" : "wake_up";
+        for (const std::string& e : targets) {
+          ControlOutcome r = Call(e, back, {}, Since(t0));
+          std::lock_guard<std::mutex> lock(controls_mu);
+          rep.controls.push_back(r);
+        }
+      }
+    }
+  });
+  // Progress, once a second.
+  while (done.load() < o.requests) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    static thread_local double last = 0;
+    const double now_s = Since(t0);
+    if (o.progress && now_s - last >= 1.0) {
+      last = now_s;
+      std::fprintf(stderr, "\r[%5.1fs] %u/%u done: %u ok, %u clean errors, %u disconnected, "
+                           "%u failed   ",
+                   now_s, done.load(), o.requests, n_ok.load(), n_err.load(), n_disc.load(),
+                   n_fail.load());
+      std::fflush(stderr);
+    }
+  }
+  for (auto& t : clients) t.join();
+  control.join();
+  rep.duration_s = Since(t0);
+  if (o.progress) std::fprintf(stderr, "\n");
+
+  std::vector<double> ttft, tpot, e2e;
+  for (uint32_t i = 0; i < o.requests; ++i) {
+    const Outcome& x = outcomes[i];
+    switch (x.fate) {
+      case Fate::kOk:
+        ++rep.ok;
+        rep.output_tokens += x.tokens;
+        if (x.ttft_s >= 0) ttft.push_back(x.ttft_s);
+        e2e.push_back(x.e2e_s);
+        if (x.tokens > 1 && x.ttft_s >= 0) tpot.push_back((x.e2e_s - x.ttft_s) / (x.tokens - 1));
+        break;
+      case Fate::kCleanError: ++rep.clean_errors; break;
+      case Fate::kDisconnected: ++rep.disconnected; break;
+      case Fate::kFailed:
+        ++rep.failed;
+        if (rep.failures.size() < 10) {
+          rep.failures.push_back("request " + std::to_string(i) + ": " + x.why);
+        }
+        break;
+    }
+  }
+  rep.ttft_s = Summarize(ttft);
+  rep.tpot_s = Summarize(tpot);
+  rep.e2e_s = Summarize(e2e);
+  rep.requests_per_s = rep.duration_s > 0 ? o.requests / rep.duration_s : 0;
+  rep.output_tokens_per_s = rep.duration_s > 0 ? rep.output_tokens / rep.duration_s : 0;
+  check("load finished (every request: output or a clean error)", rep.failed == 0,
+        std::to_string(rep.failed) + " failed");
+
+  // Every engine idle, pool empty (prefix cache aside), within a bound.
+  const Clock::time_point idle_t0 = Clock::now();
+  for (const std::string& e : engines) {
+    std::string last = "no answer";
+    bool idle = false;
+    while (Since(idle_t0) < o.idle_timeout_s) {
+      auto st = GetJson(e, "/debug/state");
+      if (st.ok()) {
+        const json& eng = (*st)["engine"];
+        idle = st->value("idle", false) && eng.is_object() && eng.value("blocks_used", 1) == 0 &&
+               eng.value("state", "") == "active";
+        last = "idle=" + std::string(st->value("idle", false) ? "true" : "false") +
+               " blocks_used=" + (eng.is_object() ? std::to_string(eng.value("blocks_used", -1)) : "?") +
+               " state=" + (eng.is_object() ? eng.value("state", "?") : "?");
+        if (idle) break;
+      } else {
+        last = st.status().ToString();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    check("engine " + e + " idle, pool empty", idle,
+          idle ? "after " + std::to_string(Since(idle_t0)).substr(0, 5) + " s" : last);
+  }
+
+  // Probes: exact reference output under the engines' weights.
+  uint32_t probes_ok = 0;
+  std::string probe_why;
+  {
+    httplib::Client cli(o.url);
+    cli.set_read_timeout(static_cast<time_t>(o.request_timeout_s));
+    LoadOptions po = o;
+    po.disconnect_fraction = 0;
+    po.seed = o.seed ^ 0x50524F4245ull;
+    for (uint32_t i = 0; i < o.probes; ++i) {
+      const Spec spec = MakeSpec(po, i, shape.vocab);
+      json body = {{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}};
+      auto r = cli.Post("/v1/completions", body.dump(), "application/json");
+      if (!r || r->status != 200) {
+        probe_why = r ? "HTTP " + std::to_string(r->status) + " " + r->body
+                      : httplib::to_string(r.error());
+        continue;
+      }
+      json j = json::parse(r->body, nullptr, false);
+      if (j.is_discarded() || !j.contains("choices")) {
+        probe_why = "malformed response";
+        continue;
+      }
+      const json& c = j["choices"][0];
+      const auto ids = c.value("token_ids", std::vector<engine::Token>{});
+      const auto vers = c.value("weights_versions", std::vector<uint64_t>{});
+      const uint64_t v = vers.empty() ? 1 : vers.front();
+      if (ids == engine::Reference(spec.prompt, v, spec.max_tokens, shape) &&
+          std::all_of(vers.begin(), vers.end(), [&](uint64_t x) { return x == v; })) {
+        ++probes_ok;
+      } else {
+        probe_why = "probe " + std::to_string(i) + " differs from Reference";
+      }
+    }
+  }
+  check("probes give exactly Reference(...)", probes_ok == o.probes,
+        std::to_string(probes_ok) + "/" + std::to_string(o.probes) +
+            (probe_why.empty() ? "" : " (" + probe_why + ")"));
+  return rep;
+}
+
+namespace {
+std::string Ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", s * 1e3);
+  return b;
+}
+}  // namespace
+
+std::string FormatLoadReport(const LoadReport& r) {
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "kvrelay bench load: %u requests at concurrency %u against %s (seed %llu)\n",
+                r.requests, r.concurrency, r.url.c_str(),
+                static_cast<unsigned long long>(r.seed));
+  s += line;
+  std::snprintf(line, sizeof line,
+                "  ended: %u with output (checked), %u clean errors, %u disconnected by the "
+                "client, %u failed\n",
+                r.ok, r.clean_errors, r.disconnected, r.failed);
+  s += line;
+  std::snprintf(line, sizeof line,
+                "  duration %.2f s, %.1f requests/s, %.0f output tokens/s\n", r.duration_s,
+                r.requests_per_s, r.output_tokens_per_s);
+  s += line;
+  s += "  latency (ms)      p50      p90      p99      max\n";
+  for (const auto& [name, p] : {std::pair<const char*, const Percentiles*>{"TTFT", &r.ttft_s},
+                                {"TPOT", &r.tpot_s},
+                                {"end-to-end", &r.e2e_s}}) {
+    std::snprintf(line, sizeof line, "  %-12s %8s %8s %8s %8s\n", name, Ms(p->p50).c_str(),
+                  Ms(p->p90).c_str(), Ms(p->p99).c_str(), Ms(p->max).c_str());
+    s += line;
+  }
+  for (const auto& c : r.controls) {
+    std::snprintf(line, sizeof line, "  control %s on %s at %.2f s: %s in %.1f ms%s%s\n",
+                  c.call.c_str(), c.engine.c_str(), c.at_s, c.ok ? "ok" : (c.http_status == 409 ? "refused" : "FAILED"),
+                  c.latency_s * 1e3, c.detail.empty() ? "" : " — ", c.detail.c_str());
+    s += line;
+  }
+  for (const auto& c : r.checks) {
+    s += std::string("  check: ") + (c.ok ? "PASS  " : "FAIL  ") + c.name +
+         (c.detail.empty() ? "" : " (" + c.detail + ")") + "\n";
+  }
+  for (const auto& f : r.failures) s += "  failure: " + f + "\n";
+  s += r.passed() ? "  RESULT: PASS\n" : "  RESULT: FAIL\n";
+  return s;
+}
+
+std::string LoadReportJson(const LoadReport& r) {
+  auto pj = [](const Percentiles& p) {
+    return json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max},
+                {"mean", p.mean}, {"n", p.n}};
+  };
+  json controls = json::array(), checks = json::array();
+  for (const auto& c : r.controls) {
+    controls.push_back(json{{"call", c.call}, {"engine", c.engine}, {"ok", c.ok},
+                            {"http_status", c.http_status}, {"latency_s", c.latency_s},
+                            {"at_s", c.at_s}, {"detail", c.detail}});
+  }
+  for (const auto& c : r.checks) {
+    checks.push_back(json{{"name", c.name}, {"ok", c.ok}, {"detail", c.detail}});
+  }
+  return json{{"url", r.url},
+              {"seed", r.seed},
+              {"requests", r.requests},
+              {"concurrency", r.concurrency},
+              {"ok", r.ok},
+              {"clean_errors", r.clean_errors},
+              {"disconnected", r.disconnected},
+              {"failed", r.failed},
+              {"failures", r.failures},
+              {"duration_s", r.duration_s},
+              {"requests_per_s", r.requests_per_s},
+              {"output_tokens_per_s", r.output_tokens_per_s},
+              {"ttft_s", pj(r.ttft_s)},
+              {"tpot_s", pj(r.tpot_s)},
+              {"e2e_s", pj(r.e2e_s)},
+              {"controls", controls},
+              {"checks", checks},
+              {"passed", r.passed()}}
+      .dump(2);
+}
+
+}  // namespace kvrelay

@@ -1,0 +1,89 @@
+// load_gen.h — `kvrelay bench load`: a load against an OpenAI-compatible
+// endpoint (the router, or one engine), in the spirit of vLLM's serving
+// benchmark, that also proves nothing was lost.
+//
+// N requests at concurrency C, prompt and output lengths drawn from a
+// seeded PRNG, a fraction of clients that disconnect at a random moment,
+// and lifecycle calls landed at chosen times (ControlCall). Every request
+// streams (SSE), so time to first token is measured as a client sees it.
+//
+// At the end it checks, and reports each check:
+//   - the load finished: every request ended with output or a clean error
+//     (an HTTP error with a JSON body, or a finish_reason of abort/error),
+//     none hung past its timeout, none was cut off without an error;
+//   - every output is the model's output, token by token (CheckOutput);
+//   - every engine went idle with its pool empty (prefix cache aside);
+//   - probe requests sent afterwards give exactly Reference(...).
+//
+// Threading: RunLoad runs client threads and a control thread and joins
+// them before it returns.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/control_call.h"
+
+namespace kvrelay {
+
+struct LoadOptions {
+  std::string url = "http://127.0.0.1:8000";
+  std::vector<std::string> engines;   // checked for idle; default: url's /engines
+  uint32_t requests = 600;
+  uint32_t concurrency = 96;
+  uint32_t prompt_min = 16, prompt_max = 256;     // tokens
+  uint32_t output_min = 4, output_max = 48;       // tokens
+  double disconnect_fraction = 0.1;
+  std::vector<ControlCall> controls;
+  uint64_t seed = 1;
+  uint32_t probes = 8;
+  double request_timeout_s = 120;
+  double idle_timeout_s = 60;
+  bool progress = true;
+};
+
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
+  size_t n = 0;
+};
+
+struct ControlOutcome {
+  std::string call;       // as given
+  std::string engine;     // url
+  int http_status = 0;
+  bool ok = false;
+  double latency_s = 0;
+  double at_s = 0;        // when it was sent, from the load's start
+  std::string detail;
+};
+
+struct CheckOutcome {
+  std::string name;
+  bool ok = false;
+  std::string detail;
+};
+
+struct LoadReport {
+  std::string url;
+  uint64_t seed = 0;
+  uint32_t requests = 0, concurrency = 0;
+  uint32_t ok = 0;                  // output, checked
+  uint32_t clean_errors = 0;        // HTTP error or finish_reason abort/error
+  uint32_t disconnected = 0;        // the client left on purpose
+  uint32_t failed = 0;              // hung, cut off, malformed, wrong output
+  std::vector<std::string> failures;  // the first few, with why
+  double duration_s = 0;
+  double requests_per_s = 0, output_tokens_per_s = 0;
+  uint64_t output_tokens = 0;
+  Percentiles ttft_s, tpot_s, e2e_s;
+  std::vector<ControlOutcome> controls;
+  std::vector<CheckOutcome> checks;
+  bool passed() const;
+};
+
+LoadReport RunLoad(const LoadOptions& options);
+std::string FormatLoadReport(const LoadReport& report);
+std::string LoadReportJson(const LoadReport& report);
+
+}  // namespace kvrelay
