@@ -6,12 +6,13 @@
 //   reset_prefix_cache:target=all@4s
 //   update_weights:version=2,target=all@3s   (JSON body {"version": 2, ...})
 //   abort_requests:target=p@3s          (body {}: every request)
+//   abort_requests:some=1,target=d@3s   (the even-numbered requests in flight)
 //
 // Keys other than `target` and `resume_after_ms` become query parameters
 // (or body fields for update_weights). `target`: p | d | all (default p).
-// A pause or sleep is followed, `resume_after_ms` after it returned
-// (default 200; -1: never), by /resume or /wake_up on the same targets, so
-// the load can finish.
+// `resume_after_ms` after a call returned (default 200; -1: never), every
+// target left paused gets /resume and every one asleep or with its KV
+// released gets /wake_up, so the load can finish.
 //
 // Thread safety: a value type.
 #pragma once

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unistd.h>
 
 #include "base/prng.h"
 #include "engine/engine.h"
@@ -86,10 +87,17 @@ void TakeEvents(std::string* buf, F on_event) {
   }
 }
 
-Outcome RunOne(httplib::Client& cli, const Spec& spec, const engine::ModelShape& shape,
-               double timeout_s) {
+std::string RequestIdOf(const LoadOptions& o, uint32_t i) {
+  return "load-" + std::to_string(o.seed) + "-" + std::to_string(i);
+}
+
+Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& request_id,
+               const engine::ModelShape& shape, double timeout_s) {
   Outcome out;
-  json body = {{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}, {"stream", true}};
+  json body = {{"prompt", spec.prompt},
+               {"max_tokens", spec.max_tokens},
+               {"stream", true},
+               {"request_id", request_id}};
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -234,7 +242,8 @@ Result<json> GetJson(const std::string& base, const std::string& path) {
 }
 
 ControlOutcome Call(const std::string& engine_url, const std::string& call,
-                    const std::map<std::string, std::string>& params, double at_s) {
+                    const std::map<std::string, std::string>& params, double at_s,
+                    const std::vector<std::string>& some_ids = {}) {
   ControlOutcome c;
   c.call = call;
   c.engine = engine_url;
@@ -253,7 +262,7 @@ ControlOutcome Call(const std::string& engine_url, const std::string& call,
     }
     body = b.dump();
   } else if (call == "abort_requests") {
-    body = "{}";
+    body = params.count("some") ? json{{"request_ids", some_ids}}.dump() : "{}";
   } else {
     char sep = '?';
     for (const auto& [k, v] : params) {
@@ -336,6 +345,8 @@ LoadReport RunLoad(const LoadOptions& o) {
   }
 
   std::vector<Outcome> outcomes(o.requests);
+  std::unique_ptr<std::atomic<uint8_t>[]> in_flight(new std::atomic<uint8_t>[o.requests]);
+  for (uint32_t i = 0; i < o.requests; ++i) in_flight[i] = 0;
   std::atomic<uint32_t> next{0}, done{0}, n_ok{0}, n_err{0}, n_disc{0}, n_fail{0};
   const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> clients;
@@ -349,7 +360,9 @@ LoadReport RunLoad(const LoadOptions& o) {
         const uint32_t i = next.fetch_add(1);
         if (i >= o.requests) return;
         const Spec spec = MakeSpec(o, i, shape.vocab);
-        outcomes[i] = RunOne(cli, spec, shape, o.request_timeout_s);
+        in_flight[i] = 1;
+        outcomes[i] = RunOne(cli, spec, RequestIdOf(o, i), shape, o.request_timeout_s);
+        in_flight[i] = 0;
         switch (outcomes[i].fate) {
           case Fate::kOk: ++n_ok; break;
           case Fate::kCleanError: ++n_err; break;
@@ -377,21 +390,32 @@ LoadReport RunLoad(const LoadOptions& o) {
         }
       }
       const std::string label = c.ToString();
+      std::vector<std::string> some_ids;  // abort_requests some=1: half in flight
+      for (uint32_t i = 0; i < o.requests; i += 2) {
+        if (in_flight[i]) some_ids.push_back(RequestIdOf(o, i));
+      }
       std::vector<std::thread> ts;
       for (const std::string& e : targets) {
         ts.emplace_back([&, e] {
-          ControlOutcome r = Call(e, c.call, c.params, Since(t0));
+          ControlOutcome r = Call(e, c.call, c.params, Since(t0), some_ids);
           r.call = label;
           std::lock_guard<std::mutex> lock(controls_mu);
           rep.controls.push_back(r);
         });
       }
       for (auto& t : ts) t.join();
-      const bool needs_resume = c.call == "pause" || c.call == "sleep";
-      if (needs_resume && c.resume_after_ms >= 0) {
+      // Bring every target back to active (paused → resume; asleep or KV
+      // released → wake_up), as an operator would, so the load can end.
+      if (c.resume_after_ms >= 0 && c.call != "resume" && c.call != "wake_up") {
         std::this_thread::sleep_for(std::chrono::milliseconds(c.resume_after_ms));
-        const std::string back = c.call == "pause" ? "resume" : "wake_up";
         for (const std::string& e : targets) {
+          auto st = GetJson(e, "/debug/state");
+          if (!st.ok() || !(*st)["engine"].is_object()) continue;
+          const std::string state = (*st)["engine"].value("state", "");
+          const char* back = state == "paused" ? "resume"
+                             : (state == "sleeping" || state == "kv_released") ? "wake_up"
+                                                                              : nullptr;
+          if (back == nullptr) continue;
           ControlOutcome r = Call(e, back, {}, Since(t0));
           std::lock_guard<std::mutex> lock(controls_mu);
           rep.controls.push_back(r);
@@ -399,24 +423,26 @@ LoadReport RunLoad(const LoadOptions& o) {
       }
     }
   });
-  // Progress, once a second.
+  // Progress, once a second (one line rewritten on a terminal).
+  const bool tty = isatty(2) != 0;
   while (done.load() < o.requests) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     static thread_local double last = 0;
     const double now_s = Since(t0);
     if (o.progress && now_s - last >= 1.0) {
       last = now_s;
-      std::fprintf(stderr, "\r[%5.1fs] %u/%u done: %u ok, %u clean errors, %u disconnected, "
-                           "%u failed   ",
+      std::fprintf(stderr, "%s[%5.1fs] %u/%u done: %u ok, %u clean errors, %u disconnected, "
+                           "%u failed   %s",
+                   tty ? "\r" : "",
                    now_s, done.load(), o.requests, n_ok.load(), n_err.load(), n_disc.load(),
-                   n_fail.load());
+                   n_fail.load(), tty ? "" : "\n");
       std::fflush(stderr);
     }
   }
   for (auto& t : clients) t.join();
   control.join();
   rep.duration_s = Since(t0);
-  if (o.progress) std::fprintf(stderr, "\n");
+  if (o.progress && tty) std::fprintf(stderr, "\n");
 
   std::vector<double> ttft, tpot, e2e;
   for (uint32_t i = 0; i < o.requests; ++i) {
@@ -451,11 +477,13 @@ LoadReport RunLoad(const LoadOptions& o) {
   const Clock::time_point idle_t0 = Clock::now();
   for (const std::string& e : engines) {
     std::string last = "no answer";
+    int64_t last_blocks = -1;
     bool idle = false;
     while (Since(idle_t0) < o.idle_timeout_s) {
       auto st = GetJson(e, "/debug/state");
       if (st.ok()) {
         const json& eng = (*st)["engine"];
+        last_blocks = eng.is_object() ? eng.value("blocks_used", int64_t{-1}) : -1;
         idle = st->value("idle", false) && eng.is_object() && eng.value("blocks_used", 1) == 0 &&
                eng.value("state", "") == "active";
         last = "idle=" + std::string(st->value("idle", false) ? "true" : "false") +
@@ -467,6 +495,7 @@ LoadReport RunLoad(const LoadOptions& o) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    rep.blocks_left.push_back({e, last_blocks});
     check("engine " + e + " idle, pool empty", idle,
           idle ? "after " + std::to_string(Since(idle_t0)).substr(0, 5) + " s" : last);
   }
@@ -506,6 +535,8 @@ LoadReport RunLoad(const LoadOptions& o) {
       }
     }
   }
+  rep.probes_ok = probes_ok;
+  rep.probes = o.probes;
   check("probes give exactly Reference(...)", probes_ok == o.probes,
         std::to_string(probes_ok) + "/" + std::to_string(o.probes) +
             (probe_why.empty() ? "" : " (" + probe_why + ")"));
@@ -591,6 +622,8 @@ std::string LoadReportJson(const LoadReport& r) {
               {"e2e_s", pj(r.e2e_s)},
               {"controls", controls},
               {"checks", checks},
+              {"probes_ok", r.probes_ok},
+              {"probes", r.probes},
               {"passed", r.passed()}}
       .dump(2);
 }

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/control_call.h"
@@ -79,6 +80,8 @@ struct LoadReport {
   Percentiles ttft_s, tpot_s, e2e_s;
   std::vector<ControlOutcome> controls;
   std::vector<CheckOutcome> checks;
+  std::vector<std::pair<std::string, int64_t>> blocks_left;  // per engine, after the load
+  uint32_t probes_ok = 0, probes = 0;
   bool passed() const;
 };
 

@@ -12,6 +12,7 @@ namespace kvrelay::cli {
 void RegisterBench(CLI::App& app);
 void RegisterSim(CLI::App& app);
 void RegisterServe(CLI::App& app);
+void RegisterRouter(CLI::App& app);
 
 // `bench load`'s flags and runner, shared with `demo`.
 void RegisterLoadOptions(CLI::App* bench);
@@ -20,6 +21,7 @@ void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* contr
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
                    const std::string& json_path);
 void RegisterDemo(CLI::App& app);
+void RegisterMatrix(CLI::App& app);
 
 // The process exit code chosen by the subcommand that ran (0 by default).
 int ExitCode();

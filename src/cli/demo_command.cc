@@ -2,19 +2,13 @@
 // loopback (child processes, logs in a folder), a load through the router
 // with client disconnects and a lifecycle call landing mid-run, the report,
 // and a clean shutdown of everything.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-
-#include <httplib.h>
 
 #include <cstdio>
 #include <ctime>
 #include <memory>
 
-#include "cli/child_process.h"
 #include "cli/commands.h"
+#include "cli/local_cluster.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -28,120 +22,35 @@ struct DemoOptions {
   double step_per_token_us = 20;
 };
 
-// A port the kernel says is free now (and, for a control base, the next
-// `span` ports too, as far as a bind can tell).
-uint16_t FreePort(uint32_t span = 1) {
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    const uint16_t port = ntohs(a.sin_port);
-    if (port + span >= 65535) continue;
-    bool all_free = true;
-    for (uint32_t k = 1; k < span && all_free; ++k) {
-      int f2 = socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in b = a;
-      b.sin_port = htons(static_cast<uint16_t>(port + k));
-      all_free = bind(f2, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
-      close(f2);
-    }
-    if (all_free) return port;
-  }
-  return 0;
-}
-
-bool WaitHealthy(const std::string& url, ChildProcess& child, double timeout_s) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  httplib::Client cli(url);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(2);
-  while (std::chrono::steady_clock::now() < until) {
-    if (!child.Running()) return false;
-    if (auto r = cli.Get("/health"); r && r->status == 200) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
-std::string SelfPath() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "kvrelay";
-  buf[n] = 0;
-  return buf;
-}
-
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
             const std::vector<std::string>& controls, const std::string& json_path) {
-  std::string logs = d.logs;
-  if (logs.empty()) logs = "/tmp/kvrelay-demo-" + std::to_string(std::time(nullptr));
-  mkdir(logs.c_str(), 0755);
-  const std::string self = SelfPath();
-  const uint16_t p_port = FreePort(), d_port = FreePort(), r_port = FreePort();
-  const uint16_t p_ctrl = FreePort(d.p_tp), d_ctrl = FreePort(d.d_tp);
-  if (!p_port || !d_port || !r_port || !p_ctrl || !d_ctrl) {
-    std::fprintf(stderr, "kvrelay demo: no free ports on loopback\n");
+  ClusterOptions c;
+  c.logs = d.logs.empty() ? "/tmp/kvrelay-demo-" + std::to_string(std::time(nullptr)) : d.logs;
+  c.transport = d.transport;
+  c.shape = d.shape;
+  c.p_tp = d.p_tp;
+  c.d_tp = d.d_tp;
+  c.num_blocks = d.num_blocks;
+  c.step_per_token_us = d.step_per_token_us;
+  std::printf("kvrelay demo: 1P1D on loopback, transport %s, model shape %s, P tp %u, D tp %u, "
+              "logs in %s\n",
+              c.transport.c_str(), c.shape.c_str(), c.p_tp, c.d_tp, c.logs.c_str());
+  std::fflush(stdout);
+  LocalCluster cluster;
+  if (Status s = cluster.Start(c); !s.ok()) {
+    std::fprintf(stderr, "kvrelay demo: %s\n", s.message().c_str());
     return 1;
   }
-  auto engine_args = [&](const char* role, uint16_t port, uint16_t ctrl, uint32_t tp) {
-    std::vector<std::string> a = {self, "serve", "--role", role, "--port", std::to_string(port),
-                                  "--ctrl-port", std::to_string(ctrl), "--tp",
-                                  std::to_string(tp), "--transport", d.transport,
-                                  "--model-shape", d.shape, "--step-per-token-us",
-                                  std::to_string(d.step_per_token_us)};
-    if (d.num_blocks != 0) {
-      a.push_back("--num-blocks");
-      a.push_back(std::to_string(d.num_blocks));
-    }
-    return a;
-  };
-  const std::string p_url = "http://127.0.0.1:" + std::to_string(p_port);
-  const std::string d_url = "http://127.0.0.1:" + std::to_string(d_port);
-  const std::string r_url = "http://127.0.0.1:" + std::to_string(r_port);
-  std::printf("kvrelay demo: 1P1D on loopback, transport %s, model shape %s, logs in %s\n",
-              d.transport.c_str(), d.shape.c_str(), logs.c_str());
-  std::printf("  prefill %s (tp %u), decode %s (tp %u), router %s\n", p_url.c_str(), d.p_tp,
-              d_url.c_str(), d.d_tp, r_url.c_str());
+  std::printf("  prefill %s, decode %s, router %s\n", cluster.p_urls()[0].c_str(),
+              cluster.d_urls()[0].c_str(), cluster.router_url().c_str());
   std::fflush(stdout);
-  ChildProcess p, dd, router;
-  struct Named {
-    const char* name;
-    ChildProcess* proc;
-    std::string url;
-  };
-  std::vector<Named> procs = {{"prefill", &p, p_url}, {"decode", &dd, d_url},
-                              {"router", &router, r_url}};
-  bool started = p.Start(engine_args("prefill", p_port, p_ctrl, d.p_tp), logs + "/prefill.log") &&
-                 dd.Start(engine_args("decode", d_port, d_ctrl, d.d_tp), logs + "/decode.log") &&
-                 router.Start({self, "router", "--prefill", p_url, "--decode", d_url, "--port",
-                               std::to_string(r_port)},
-                              logs + "/router.log");
-  for (const Named& n : procs) {
-    if (!started || !WaitHealthy(n.url, *n.proc, 60)) {
-      std::fprintf(stderr, "kvrelay demo: the %s did not come up (%s); its log:\n%s", n.name,
-                   n.proc->Describe().c_str(), n.proc->Tail(20).c_str());
-      return 1;
-    }
-  }
   LoadOptions o = load_base;
-  o.url = r_url;
+  o.url = cluster.router_url();
   const int rc = RunLoadCommand(o, controls, json_path);
-  std::printf("  shutdown:");
-  for (auto it = procs.rbegin(); it != procs.rend(); ++it) {
-    const std::string how = it->proc->Stop(std::chrono::seconds(15));
-    std::printf(" %s %s;", it->name, how.c_str());
-  }
-  std::printf("\n  logs: %s/{prefill,decode,router}.log\n", logs.c_str());
-  bool clean = true;
-  for (const Named& n : procs) clean = clean && n.proc->ExitedCleanly();
-  if (!clean) std::printf("  a process did not stop cleanly\n");
+  bool clean = false;
+  const std::string how = cluster.Stop(&clean);
+  std::printf("  shutdown: %s%s\n  logs: %s/{prefill0,decode0,router}.log\n", how.c_str(),
+              clean ? "all clean" : "NOT all clean", c.logs.c_str());
   return rc != 0 ? rc : (clean ? 0 : 1);
 }
 

@@ -13,7 +13,9 @@ int main(int argc, char** argv) {
   kvrelay::cli::RegisterBench(app);
   kvrelay::cli::RegisterSim(app);
   kvrelay::cli::RegisterServe(app);
+  kvrelay::cli::RegisterRouter(app);
   kvrelay::cli::RegisterDemo(app);
+  kvrelay::cli::RegisterMatrix(app);
   CLI11_PARSE(app, argc, argv);
   return kvrelay::cli::ExitCode();
 }

@@ -8,7 +8,10 @@ namespace kvrelay::runtime {
 
 EngineActor::EngineActor(const engine::EngineOptions& options, engine::KvMemory* memory,
                          size_t inbox_capacity)
-    : engine_(std::make_unique<engine::Engine>(options, memory)), inbox_(inbox_capacity) {}
+    : engine_(std::make_unique<engine::Engine>(options, memory)),
+      inbox_(inbox_capacity),
+      reports_(options.tp),
+      tp_(options.tp) {}
 
 EngineActor::~EngineActor() { Stop(); }
 
@@ -63,30 +66,46 @@ OpResult EngineActor::RunOp(std::function<uint64_t(engine::Engine&)> start,
   return f.get();
 }
 
-void EngineActor::PostReport(RankReport report) {
+void EngineActor::PostReport(uint32_t rank, RankReport report) {
+  KV_CHECK_LT(rank, tp_);
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
-    reports_.push_back(std::move(report));
+    RankReport& r = reports_[rank];
+    r.finished_sending.insert(r.finished_sending.end(), report.finished_sending.begin(),
+                              report.finished_sending.end());
+    r.finished_recving.insert(r.finished_recving.end(), report.finished_recving.begin(),
+                              report.finished_recving.end());
+    r.released.insert(r.released.end(), report.released.begin(), report.released.end());
+    have_reports_ = true;
   }
   inbox_.Kick();
 }
 
 void EngineActor::Loop() {
   std::deque<Inbox::Fn> fns;
-  std::vector<RankReport> reports;
+  std::vector<RankReport> reports(tp_);
   while (true) {
     inbox_.Take(&fns);
     for (auto& fn : fns) fn();
     fns.clear();
+    bool have = false;
     {
       std::lock_guard<std::mutex> lock(reports_mu_);
-      reports.swap(reports_);
+      if (have_reports_) {
+        reports.swap(reports_);
+        have_reports_ = false;
+        have = true;
+      }
     }
     if (stopping_) break;
-    if (engine_->HasWork() || !reports.empty()) {
+    if (engine_->HasWork() || have) {
       const auto t0 = std::chrono::steady_clock::now();
-      const Duration compute = engine_->Step(reports, MonoNow());
-      reports.clear();
+      const Duration compute =
+          engine_->Step(have ? std::span<const RankReport>(reports) : std::span<const RankReport>(),
+                        MonoNow());
+      if (have) {
+        for (RankReport& r : reports) r = RankReport{};
+      }
       Dispatch();
       // The modelled compute time of this step: the engine is busy.
       std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(compute.ns()));

@@ -76,8 +76,9 @@ class EngineActor {
     if (!inbox_.Post([this, p, fn] { p->set_value(fn(*engine_)); })) return std::nullopt;
     return f.get();
   }
-  // From rank actors: a rank's get_finished() report.
-  void PostReport(RankReport report);
+  // From rank actors: rank `rank`'s get_finished() report. Reports that
+  // arrive between two steps are merged per rank (Step takes one per rank).
+  void PostReport(uint32_t rank, RankReport report);
 
   uint64_t NewClientId() { return next_client_.fetch_add(1); }
   size_t inbox_size() const { return inbox_.size(); }
@@ -91,7 +92,9 @@ class EngineActor {
   MetadataSink metadata_sink_;
   Inbox inbox_;
   std::mutex reports_mu_;
-  std::vector<RankReport> reports_;  // guarded by reports_mu_
+  std::vector<RankReport> reports_;  // one per rank; guarded by reports_mu_
+  bool have_reports_ = false;        // guarded by reports_mu_
+  const uint32_t tp_;
   std::thread thread_;
   std::atomic<uint64_t> next_client_{1};
   // Engine thread only:

@@ -546,7 +546,7 @@ void RankActor::Pump() {
         transfer_of_request_.erase(it);
       }
     }
-    engine_->PostReport(std::move(r));
+    engine_->PostReport(options_.rank, std::move(r));
   }
 }
 

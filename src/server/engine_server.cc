@@ -10,6 +10,7 @@
 #include "server/admin_call.h"
 #include "server/completion_request.h"
 #include "server/completion_response.h"
+#include "server/http_listen.h"
 #include "server/server_metrics.h"
 
 namespace kvrelay::server {
@@ -152,12 +153,7 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl->http.set_payload_max_length(options.max_body_bytes);
   impl->http.set_keep_alive_max_count(1000);
-  int port = options.http_port;
-  if (port == 0) {
-    port = impl->http.bind_to_any_port(options.http_host);
-  } else if (!impl->http.bind_to_port(options.http_host, port)) {
-    port = -1;
-  }
+  const int port = BindWithBacklog(impl->http, options.http_host, options.http_port);
   if (port <= 0) {
     impl->node->Shutdown(Duration::Zero());
     return Status(StatusCode::kUnavailable, "cannot listen on " + options.http_host + ":" +

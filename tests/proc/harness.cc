@@ -1,6 +1,7 @@
 #include "proc/harness.h"
 
 #include <arpa/inet.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -67,6 +68,20 @@ extern "C" void OnFatalSignal(int sig) {
   ::raise(sig);
 }
 
+// A crash of the test itself: say where (backtrace_symbols_fd does not
+// allocate), stop the children, die of the same signal.
+extern "C" void OnCrash(int sig) {
+  KillAllChildren();
+  static const char kMsg[] = "\n[harness] the test process crashed; backtrace:\n";
+  ssize_t ignored = ::write(2, kMsg, sizeof kMsg - 1);
+  (void)ignored;
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  ::backtrace_symbols_fd(frames, n, 2);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 // --- per-test directories, removed when the test passed -------------------------
 
 std::mutex g_dirs_mu;
@@ -102,7 +117,12 @@ class DirCleaner : public ::testing::EmptyTestEventListener {
 struct Registrar {
   Registrar() {
     ::testing::UnitTest::GetInstance()->listeners().Append(new DirCleaner);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGABRT}) ::signal(sig, OnFatalSignal);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, OnFatalSignal);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, OnCrash);
+    {
+      void* warm[4];
+      ::backtrace(warm, 4);   // loads libgcc now, not in the handler
+    }
     std::atexit(KillAllChildren);
     // A peer that closes mid-write must not kill the test.
     ::signal(SIGPIPE, SIG_IGN);
@@ -166,8 +186,15 @@ std::unique_ptr<httplib::Client> ClientFor(uint16_t port, std::chrono::milliseco
 
 const char* KvrelayBinary() {
   // $KVRELAY_BIN runs the tests against another build of the binary.
-  const char* env = std::getenv("KVRELAY_BIN");
-  return env != nullptr && *env != '\0' ? env : KVRELAY_BIN;
+  // (Made absolute: children run in the test's directory.)
+  static const std::string path = [] {
+    const char* env = std::getenv("KVRELAY_BIN");
+    if (env == nullptr || *env == '\0') return std::string(KVRELAY_BIN);
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::absolute(env, ec);
+    return ec ? std::string(env) : p.string();
+  }();
+  return path.c_str();
 }
 
 const std::string& TestDir() {
@@ -248,6 +275,10 @@ std::unique_ptr<Proc> Proc::Start(const std::string& binary,
   posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
                                    0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // The child runs in the log's directory: a core file it leaves lands
+  // there, next to its log, not over another process's.
+  const std::string dir = log_path.substr(0, log_path.find_last_of('/'));
+  if (!dir.empty()) posix_spawn_file_actions_addchdir_np(&fa, dir.c_str());
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, defaults;

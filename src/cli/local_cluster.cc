@@ -1,0 +1,130 @@
+#include "cli/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <httplib.h>
+
+namespace kvrelay::cli {
+
+uint16_t FreePort(uint32_t span) {
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    close(fd);
+    const uint16_t port = ntohs(a.sin_port);
+    if (port + span >= 65535) continue;
+    bool all_free = true;
+    for (uint32_t k = 1; k < span && all_free; ++k) {
+      int f2 = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in b = a;
+      b.sin_port = htons(static_cast<uint16_t>(port + k));
+      all_free = bind(f2, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
+      close(f2);
+    }
+    if (all_free) return port;
+  }
+  return 0;
+}
+
+std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "kvrelay";
+  buf[n] = 0;
+  return buf;
+}
+
+namespace {
+bool WaitHealthy(const std::string& url, ChildProcess& child, double timeout_s) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  httplib::Client cli(url);
+  cli.set_connection_timeout(1);
+  cli.set_read_timeout(2);
+  while (std::chrono::steady_clock::now() < until) {
+    if (!child.Running()) return false;
+    if (auto r = cli.Get("/health"); r && r->status == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+}  // namespace
+
+Status LocalCluster::Start(const ClusterOptions& o) {
+  mkdir(o.logs.c_str(), 0755);
+  const std::string self = SelfPath();
+  auto start = [&](std::string name, std::vector<std::string> args, std::string url) -> Status {
+    Proc p{name, url, std::make_unique<ChildProcess>()};
+    if (!p.child->Start(args, o.logs + "/" + name + ".log")) {
+      return Status(StatusCode::kUnavailable, "cannot start " + name);
+    }
+    procs_.push_back(std::move(p));
+    return Status::Ok();
+  };
+  auto engine = [&](const char* role, uint32_t index, uint32_t tp) -> Status {
+    const uint16_t port = FreePort(), ctrl = FreePort(tp);
+    if (port == 0 || ctrl == 0) return Status(StatusCode::kUnavailable, "no free port");
+    std::vector<std::string> a = {self, "serve", "--role", role, "--port", std::to_string(port),
+                                  "--ctrl-port", std::to_string(ctrl), "--tp", std::to_string(tp),
+                                  "--transport", o.transport, "--model-shape", o.shape,
+                                  "--step-per-token-us", std::to_string(o.step_per_token_us)};
+    if (o.num_blocks != 0) {
+      a.push_back("--num-blocks");
+      a.push_back(std::to_string(o.num_blocks));
+    }
+    a.insert(a.end(), o.engine_args.begin(), o.engine_args.end());
+    const std::string url = "http://127.0.0.1:" + std::to_string(port);
+    (role[0] == 'p' ? p_urls_ : d_urls_).push_back(url);
+    return start(std::string(role) + std::to_string(index), a, url);
+  };
+  for (uint32_t i = 0; i < o.num_p; ++i) {
+    if (Status s = engine("prefill", i, o.p_tp); !s.ok()) return s;
+  }
+  for (uint32_t i = 0; i < o.num_d; ++i) {
+    if (Status s = engine("decode", i, o.d_tp); !s.ok()) return s;
+  }
+  const uint16_t rport = FreePort();
+  router_url_ = "http://127.0.0.1:" + std::to_string(rport);
+  std::vector<std::string> ra = {self, "router", "--port", std::to_string(rport)};
+  for (const auto& u : p_urls_) {
+    ra.push_back("--prefill");
+    ra.push_back(u);
+  }
+  for (const auto& u : d_urls_) {
+    ra.push_back("--decode");
+    ra.push_back(u);
+  }
+  if (Status s = start("router", ra, router_url_); !s.ok()) return s;
+  for (Proc& p : procs_) {
+    if (!WaitHealthy(p.url, *p.child, 60)) {
+      return Status(StatusCode::kUnavailable, "the " + p.name + " did not come up (" +
+                                                  p.child->Describe() + "); its log:\n" +
+                                                  p.child->Tail(20));
+    }
+  }
+  return Status::Ok();
+}
+
+std::string LocalCluster::Stop(bool* clean) {
+  std::string out;
+  bool all = true;
+  for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) {
+    const std::string how = it->child->Stop(std::chrono::seconds(15));
+    out += it->name + " " + how + "; ";
+    all = all && it->child->ExitedCleanly();
+  }
+  procs_.clear();
+  if (clean != nullptr) *clean = all;
+  return out;
+}
+
+}  // namespace kvrelay::cli

@@ -1,0 +1,56 @@
+// local_cluster.h — LocalCluster: P engines, D engines and a router on
+// loopback as child processes of this one (`demo`, `matrix`), each logging
+// to a file in one folder.
+//
+// Thread safety: one owner thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "cli/child_process.h"
+
+namespace kvrelay::cli {
+
+struct ClusterOptions {
+  std::string logs;                 // folder (created)
+  std::string transport = "shm";
+  std::string shape = "tiny";
+  uint32_t num_p = 1, num_d = 1;
+  uint32_t p_tp = 1, d_tp = 1;
+  uint32_t num_blocks = 0;          // 0: serve's default
+  double step_per_token_us = 20;
+  std::vector<std::string> engine_args;   // extra `serve` flags for every engine
+};
+
+class LocalCluster {
+ public:
+  LocalCluster() = default;
+  ~LocalCluster() { Stop(); }
+  // Starts everything and waits until each answers /health (bounded).
+  Status Start(const ClusterOptions& options);
+  // SIGTERM to each (router first), SIGKILL after a grace period. Returns
+  // one line describing how each exited; *clean says all exited 0.
+  std::string Stop(bool* clean = nullptr);
+
+  const std::string& router_url() const { return router_url_; }
+  const std::vector<std::string>& p_urls() const { return p_urls_; }
+  const std::vector<std::string>& d_urls() const { return d_urls_; }
+
+ private:
+  struct Proc {
+    std::string name, url;
+    std::unique_ptr<ChildProcess> child;
+  };
+  std::vector<Proc> procs_;
+  std::string router_url_;
+  std::vector<std::string> p_urls_, d_urls_;
+};
+
+// A loopback port free now (and the `span - 1` after it, as far as bind says).
+uint16_t FreePort(uint32_t span = 1);
+std::string SelfPath();
+
+}  // namespace kvrelay::cli

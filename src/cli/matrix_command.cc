@@ -1,0 +1,281 @@
+// `kvrelay matrix`: the 27 cases of lifecycle.md against real processes.
+//
+// Each case gets a fresh 1P1D cluster (LocalCluster), a load through the
+// router (bench load's machinery, with 10% client disconnects; 50% for
+// the disconnect case), and its lifecycle call landing while the load runs;
+// a pause or sleep is undone once it returned. The verdict: every request
+// ended with output (checked token by token) or a clean error, every call
+// returned within its bound with its result, both engines idle with empty
+// pools (prefix cache aside), and probe requests give exactly the model's
+// output. The cases are the simulator's (`kvrelay sim --matrix`), so the
+// two drivers run the same list.
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/local_cluster.h"
+#include "sim/matrix.h"
+
+namespace kvrelay::cli {
+namespace {
+
+using Op = sim::ScenarioPlan::Op;
+
+struct MatrixOptions {
+  std::string cases;            // comma-separated names or 1-based numbers; "" = all
+  uint32_t requests = 120;
+  uint32_t concurrency = 16;
+  double call_at_s = 0.3;
+  std::string transport = "shm";
+  std::string shape = "tiny";
+  uint32_t p_tp = 1, d_tp = 1;
+  std::string logs;
+  std::string json_path;
+  uint64_t seed = 1;
+};
+
+const char* Mode(engine::PauseMode m) {
+  return m == engine::PauseMode::kAbort ? "abort" : m == engine::PauseMode::kWait ? "wait"
+                                                                                  : "keep";
+}
+
+// The load's control call for a case.
+std::optional<ControlCall> CallFor(const sim::ScenarioPlan& c, double at_s) {
+  ControlCall call;
+  call.at_s = at_s;
+  call.target = c.on_p && c.on_d ? "all" : c.on_p ? "p" : "d";
+  switch (c.op) {
+    case Op::kPause:
+      call.call = "pause";
+      call.params = {{"mode", Mode(c.mode)}, {"clear_cache", c.clear_cache ? "true" : "false"}};
+      break;
+    case Op::kSleep:
+      call.call = "sleep";
+      call.params = {{"level", std::to_string(c.level)}, {"mode", Mode(c.mode)}};
+      break;
+    case Op::kAbortAll: call.call = "abort_requests"; break;
+    case Op::kAbortSome:
+      call.call = "abort_requests";
+      call.params = {{"some", "1"}};
+      break;
+    case Op::kResetPrefix:
+      call.call = "reset_prefix_cache";
+      call.params = {{"reset_running_requests", c.reset_running ? "true" : "false"}};
+      break;
+    case Op::kReleaseKv: call.call = "release_kv_cache_memory"; break;
+    case Op::kUpdateWeights:
+      call.call = "update_weights";
+      call.params = {{"version", "2"}, {"mode", Mode(c.mode)}};
+      break;
+    case Op::kNone: return std::nullopt;
+  }
+  return call;
+}
+
+// Real processes answer over HTTP on a shared machine: the bound is wider
+// than the simulator's, and still far below any transfer timeout (480 s).
+double BoundFor(const sim::ScenarioPlan& c) {
+  if (c.op == Op::kPause && c.mode == engine::PauseMode::kKeep && !c.clear_cache) return 0.5;
+  return 10.0;
+}
+
+struct Row {
+  int index = 0;
+  std::string name, call, target, verdict, why;
+  double latency_s = 0;
+  LoadReport load;
+  int64_t p_blocks = -1, d_blocks = -1;
+  bool passed = false;
+};
+
+int RunMatrix(const MatrixOptions& m) {
+  std::vector<sim::ScenarioPlan> all = sim::MatrixCases();
+  std::vector<std::pair<int, sim::ScenarioPlan>> chosen;
+  if (m.cases.empty()) {
+    for (size_t i = 0; i < all.size(); ++i) chosen.push_back({static_cast<int>(i + 1), all[i]});
+  } else {
+    std::string rest = m.cases;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string one = rest.substr(0, comma);
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      bool found = false;
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (all[i].name == one || std::to_string(i + 1) == one) {
+          chosen.push_back({static_cast<int>(i + 1), all[i]});
+          found = true;
+        }
+      }
+      if (!found) {
+        std::fprintf(stderr, "kvrelay matrix: no case '%s'; the cases are:\n", one.c_str());
+        for (size_t i = 0; i < all.size(); ++i) {
+          std::fprintf(stderr, "  %2zu %s\n", i + 1, all[i].name.c_str());
+        }
+        return 2;
+      }
+    }
+  }
+  const std::string logs =
+      m.logs.empty() ? "/tmp/kvrelay-matrix-" + std::to_string(std::time(nullptr)) : m.logs;
+  std::printf("kvrelay matrix: %zu cases, %u requests at concurrency %u each, call at %.2f s, "
+              "transport %s, logs in %s\n",
+              chosen.size(), m.requests, m.concurrency, m.call_at_s, m.transport.c_str(),
+              logs.c_str());
+  std::printf("%-3s %-28s %-42s %-6s %9s %-22s %-9s %-6s %s\n", "#", "case", "call", "target",
+              "call ms", "ok/err/disc/failed", "blocks P/D", "probes", "verdict");
+  std::fflush(stdout);
+  std::vector<Row> rows;
+  int failed = 0;
+  for (const auto& [index, c] : chosen) {
+    Row row;
+    row.index = index;
+    row.name = c.name;
+    ClusterOptions co;
+    co.logs = logs + "/" + std::to_string(index) + "-" + c.name;
+    co.transport = m.transport;
+    co.shape = m.shape;
+    co.p_tp = m.p_tp;
+    co.d_tp = m.d_tp;
+    LocalCluster cluster;
+    Status s = cluster.Start(co);
+    if (!s.ok()) {
+      row.verdict = "FAIL";
+      row.why = s.message();
+    } else {
+      LoadOptions o;
+      o.url = cluster.router_url();
+      o.requests = m.requests;
+      o.concurrency = m.concurrency;
+      o.seed = m.seed + static_cast<uint64_t>(index);
+      o.progress = false;
+      o.probes = 4;
+      o.disconnect_fraction = c.op == Op::kNone ? 0.5 : 0.1;
+      std::optional<ControlCall> call = CallFor(c, m.call_at_s);
+      if (call) o.controls.push_back(*call);
+      row.call = call ? call->call : "(none)";
+      if (call && !call->params.empty()) {
+        row.call += "?";
+        bool first = true;
+        for (const auto& [k, v] : call->params) {
+          row.call += (first ? "" : "&") + k + "=" + v;
+          first = false;
+        }
+      }
+      row.target = call ? call->target : "-";
+      row.load = RunLoad(o);
+      bool calls_ok = true;
+      for (const ControlOutcome& co2 : row.load.controls) {
+        if (co2.call.rfind("resume", 0) == 0 || co2.call.rfind("wake_up", 0) == 0) {
+          if (!co2.ok) {
+            calls_ok = false;
+            row.why += "undo call failed: " + co2.detail + "; ";
+          }
+          continue;
+        }
+        row.latency_s = std::max(row.latency_s, co2.latency_s);
+        // reset_prefix_cache without reset_running_requests may be refused
+        // while requests hold blocks (vLLM's contract); everything else
+        // must succeed.
+        const bool refusal_allowed =
+            c.op == Op::kResetPrefix && !c.reset_running && co2.http_status == 409;
+        if (!co2.ok && !refusal_allowed) {
+          calls_ok = false;
+          row.why += co2.engine + ": " + co2.detail + "; ";
+        }
+        if (co2.latency_s > BoundFor(c)) {
+          calls_ok = false;
+          row.why += "call took " + std::to_string(co2.latency_s) + " s; ";
+        }
+      }
+      for (const auto& [url, blocks] : row.load.blocks_left) {
+        for (const auto& p : cluster.p_urls()) {
+          if (p == url) row.p_blocks = blocks;
+        }
+        for (const auto& d : cluster.d_urls()) {
+          if (d == url) row.d_blocks = blocks;
+        }
+      }
+      bool clean = false;
+      const std::string how = cluster.Stop(&clean);
+      if (!clean) row.why += "shutdown not clean: " + how;
+      row.passed = calls_ok && row.load.passed() && clean;
+      if (!row.load.passed()) {
+        for (const auto& ch : row.load.checks) {
+          if (!ch.ok) row.why += ch.name + ": " + ch.detail + "; ";
+        }
+        for (const auto& f : row.load.failures) row.why += f + "; ";
+      }
+      row.verdict = row.passed ? "PASS" : "FAIL";
+    }
+    if (!row.passed) ++failed;
+    const LoadReport& r = row.load;
+    char counts[64], blocks[32], probes[16];
+    std::snprintf(counts, sizeof counts, "%u/%u/%u/%u", r.ok, r.clean_errors, r.disconnected,
+                  r.failed);
+    std::snprintf(blocks, sizeof blocks, "%lld/%lld", static_cast<long long>(row.p_blocks),
+                  static_cast<long long>(row.d_blocks));
+    std::snprintf(probes, sizeof probes, "%u/%u", r.probes_ok, r.probes);
+    std::printf("%-3d %-28s %-42s %-6s %9.1f %-22s %-9s %-6s %s%s%s\n", row.index,
+                row.name.c_str(), row.call.c_str(), row.target.c_str(), row.latency_s * 1e3,
+                counts, blocks, probes, row.verdict.c_str(), row.why.empty() ? "" : "  ",
+                row.passed ? "" : row.why.c_str());
+    std::fflush(stdout);
+    rows.push_back(std::move(row));
+  }
+  std::printf("%zu passed, %d failed\n", rows.size() - failed, failed);
+  if (!m.json_path.empty()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const Row& r : rows) {
+      j.push_back({{"index", r.index},
+                   {"case", r.name},
+                   {"call", r.call},
+                   {"target", r.target},
+                   {"call_latency_s", r.latency_s},
+                   {"ok", r.load.ok},
+                   {"clean_errors", r.load.clean_errors},
+                   {"disconnected", r.load.disconnected},
+                   {"failed", r.load.failed},
+                   {"blocks_left_p", r.p_blocks},
+                   {"blocks_left_d", r.d_blocks},
+                   {"probes_ok", r.load.probes_ok},
+                   {"probes", r.load.probes},
+                   {"passed", r.passed},
+                   {"why", r.why}});
+    }
+    FILE* f = std::fopen(m.json_path.c_str(), "w");
+    if (f != nullptr) {
+      const std::string s = j.dump(2);
+      std::fwrite(s.data(), 1, s.size(), f);
+      std::fclose(f);
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void RegisterMatrix(CLI::App& app) {
+  auto m = std::make_shared<MatrixOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "matrix",
+      "The 27 lifecycle cases against real processes: a fresh P, D and router per case, a "
+      "load, the call, and the checks; prints a table and 'N passed, M failed'");
+  cmd->add_option("--cases", m->cases, "comma-separated case names or numbers (default: all)");
+  cmd->add_option("--requests", m->requests, "requests per case")->capture_default_str();
+  cmd->add_option("--concurrency", m->concurrency, "concurrency per case")->capture_default_str();
+  cmd->add_option("--call-at-s", m->call_at_s, "when the call lands, from the load's start")
+      ->capture_default_str();
+  cmd->add_option("--transport", m->transport, "shm | tcp | ucx")->capture_default_str();
+  cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
+  cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();
+  cmd->add_option("--d-tp", m->d_tp, "decode tp")->capture_default_str();
+  cmd->add_option("--seed", m->seed, "load seed (each case adds its number)")
+      ->capture_default_str();
+  cmd->add_option("--logs", m->logs, "folder for the processes' logs");
+  cmd->add_option("--json", m->json_path, "also write the table as JSON");
+  cmd->callback([m] { SetExitCode(RunMatrix(*m)); });
+}
+
+}  // namespace kvrelay::cli

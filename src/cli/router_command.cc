@@ -1,0 +1,180 @@
+// `kvrelay router`: the P/D proxy. Reads every engine's GET /kv_info
+// (retrying, bounded, so it may start before the engines), then serves
+// OpenAI's /v1/completions by running a P leg and a D leg at once for each
+// request (src/router/router_server.h).
+//
+// SIGINT/SIGTERM: stop accepting, cancel the legs in flight, exit 0 (also
+// while still waiting for the engines).
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+
+#include "cli/commands.h"
+#include "router/engine_pool.h"
+#include "router/router_server.h"
+#include "runtime/clock.h"
+
+namespace kvrelay::cli {
+namespace {
+
+struct RouterCliOptions {
+  std::vector<std::string> prefill;
+  std::vector<std::string> decode;
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;
+  uint32_t max_inflight = 4096;
+  size_t max_body_bytes = size_t{1} << 20;
+  uint32_t http_threads = 0;
+  double discovery_timeout_s = 30;
+  double connect_timeout_s = 3;
+  double upstream_idle_timeout_s = 60;
+  double probe_interval_ms = 200;
+  double commit_wait_ms = 1000;
+  double recheck_interval_ms = 1000;
+  double drain_timeout_s = 5;
+};
+
+Duration Seconds(double s) { return Duration::Nanoseconds(static_cast<int64_t>(s * 1e9)); }
+Duration Millis(double ms) { return Duration::Nanoseconds(static_cast<int64_t>(ms * 1e6)); }
+
+// Waits up to `d` for SIGINT/SIGTERM (blocked in `set`); true if one came.
+bool SignalWithin(const sigset_t& set, Duration d) {
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(d.ns() / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(d.ns() % 1'000'000'000);
+  while (true) {
+    const int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig > 0) return true;
+    if (errno == EINTR) continue;
+    return false;   // EAGAIN: the time passed
+  }
+}
+
+int RunRouter(const RouterCliOptions& o) {
+  if (o.max_inflight == 0 || o.max_body_bytes == 0 || o.probe_interval_ms <= 0 ||
+      o.discovery_timeout_s < 0 || o.connect_timeout_s <= 0 || o.upstream_idle_timeout_s <= 0 ||
+      o.commit_wait_ms < 0 || o.recheck_interval_ms <= 0 || o.drain_timeout_s < 0) {
+    std::fprintf(stderr,
+                 "kvrelay router: --max-inflight, --max-body-bytes and the timeouts must be "
+                 "positive\n");
+    return 2;
+  }
+  const Duration fetch_timeout = Seconds(o.connect_timeout_s);
+  Result<std::shared_ptr<router::EnginePool>> pool = router::EnginePool::Create(
+      o.prefill, o.decode,
+      [fetch_timeout](const std::string& url) { return router::FetchEngineInfo(url, fetch_timeout); });
+  if (!pool.ok()) {
+    std::fprintf(stderr, "kvrelay router: %s\n", pool.status().message().c_str());
+    return 2;
+  }
+
+  // Signals are taken by waiting for them, not by a handler.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const Instant give_up = runtime::MonoNow() + Seconds(o.discovery_timeout_s);
+  while (true) {
+    Status s = (*pool)->DiscoverOnce();
+    if (s.ok()) break;
+    if (s.code() != StatusCode::kUnavailable) {
+      std::fprintf(stderr, "kvrelay router: %s\n", s.message().c_str());
+      return 1;
+    }
+    if (runtime::MonoNow() >= give_up) {
+      std::fprintf(stderr, "kvrelay router: engines did not answer GET /kv_info within %.0f s: %s\n",
+                   o.discovery_timeout_s, s.message().c_str());
+      return 1;
+    }
+    if (SignalWithin(set, Duration::Milliseconds(200))) {
+      std::fprintf(stderr, "kvrelay router: signal while waiting for the engines: stopped\n");
+      return 0;
+    }
+  }
+
+  router::RouterOptions ro;
+  ro.host = o.host;
+  ro.port = o.port;
+  ro.max_inflight = o.max_inflight;
+  ro.max_body_bytes = o.max_body_bytes;
+  ro.http_threads = o.http_threads;
+  ro.relay.upstream.connect_timeout = Seconds(o.connect_timeout_s);
+  ro.relay.upstream.idle_timeout = Seconds(o.upstream_idle_timeout_s);
+  ro.relay.probe_interval = Millis(o.probe_interval_ms);
+  ro.commit_wait = Millis(o.commit_wait_ms);
+  ro.recheck_interval = Millis(o.recheck_interval_ms);
+  ro.drain_timeout = Seconds(o.drain_timeout_s);
+  Result<std::unique_ptr<router::RouterServer>> server = router::RouterServer::Start(ro, *pool);
+  if (!server.ok()) {
+    std::fprintf(stderr, "kvrelay router: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "kvrelay router: %zu prefill, %zu decode URLs, http %s:%u\n",
+               o.prefill.size(), o.decode.size(), o.host.c_str(), (*server)->port());
+  std::fflush(stderr);
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "kvrelay router: signal %d: cancelling requests and stopping\n", sig);
+  (*server)->Stop();
+  std::fprintf(stderr, "kvrelay router: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void RegisterRouter(CLI::App& app) {
+  auto o = std::make_shared<RouterCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "router",
+      "Run the P/D proxy: clients send OpenAI /v1/completions; each request runs on a "
+      "prefill engine and a decode engine at once, the KV handed from P to D");
+  cmd->add_option("--prefill", o->prefill,
+                  "prefill engine URLs (http://HOST:PORT; role prefill or both)")
+      ->required()
+      ->expected(1, -1);
+  cmd->add_option("--decode", o->decode,
+                  "decode engine URLs (http://HOST:PORT; role decode or both)")
+      ->required()
+      ->expected(1, -1);
+  cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "HTTP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--max-inflight", o->max_inflight,
+                  "client requests served at once; more get 503")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", o->max_body_bytes, "largest request body; more get 413")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads,
+                  "most HTTP connections served at once (0: --max-inflight + 64)")
+      ->capture_default_str();
+  cmd->add_option("--discovery-timeout-s", o->discovery_timeout_s,
+                  "how long to wait at start for every engine's GET /kv_info")
+      ->capture_default_str();
+  cmd->add_option("--connect-timeout-s", o->connect_timeout_s,
+                  "connecting to an engine (and GET /kv_info) gives up after this")
+      ->capture_default_str();
+  cmd->add_option("--upstream-idle-timeout-s", o->upstream_idle_timeout_s,
+                  "a leg whose engine sends nothing this long fails")
+      ->capture_default_str();
+  cmd->add_option("--probe-interval-ms", o->probe_interval_ms,
+                  "while waiting on D, write a probe (\" \" or an SSE comment) to the client "
+                  "this often, to notice one that went away")
+      ->capture_default_str();
+  cmd->add_option("--commit-wait-ms", o->commit_wait_ms,
+                  "hold the response status this long waiting for P to answer, so an early "
+                  "failure is still a clean 502 (or the engine's 4xx)")
+      ->capture_default_str();
+  cmd->add_option("--recheck-interval-ms", o->recheck_interval_ms,
+                  "how often an engine that is down is asked for /kv_info again")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-s", o->drain_timeout_s,
+                  "at shutdown, how long to wait for cancelled legs to end")
+      ->capture_default_str();
+  cmd->callback([o] { SetExitCode(RunRouter(*o)); });
+}
+
+}  // namespace kvrelay::cli

@@ -1,0 +1,87 @@
+#include "router/leg_bodies.h"
+
+namespace kvrelay::router {
+
+using nlohmann::json;
+
+Result<ClientRequest> ParseClientBody(std::string_view body) {
+  ClientRequest r;
+  try {
+    r.body = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
+    const size_t at = what.find(" at ");
+    if (at != std::string::npos) what = what.substr(at + 4);
+    return InvalidArgumentError("body is not valid JSON: " + what);
+  }
+  if (!r.body.is_object()) return InvalidArgumentError("body must be a JSON object");
+  auto it = r.body.find("stream");
+  r.stream = it != r.body.end() && it->is_boolean() && it->get<bool>();
+  return r;
+}
+
+std::string PrefillLegBody(const json& client, const TransferId& transfer,
+                           uint32_t consumer_tp) {
+  json b = client;
+  b["max_tokens"] = 1;
+  b["stream"] = false;
+  b["kv_transfer_params"] = json{{"do_remote_decode", true},
+                                 {"transfer_id", transfer.ToString()},
+                                 {"consumer_tp_size", consumer_tp}};
+  return b.dump();
+}
+
+std::string DecodeLegBody(const json& client, const TransferId& transfer,
+                          const EngineInfo& prefill) {
+  json b = client;
+  b["kv_transfer_params"] = json{{"do_remote_prefill", true},
+                                 {"transfer_id", transfer.ToString()},
+                                 {"remote_engine_id", prefill.engine_id},
+                                 {"remote_host", prefill.kv_host},
+                                 {"remote_port", prefill.kv_port},
+                                 {"remote_tp_size", prefill.tp}};
+  return b.dump();
+}
+
+std::string_view TrimLeadingSpace(std::string_view body) {
+  const size_t first = body.find_first_not_of(" \t\r\n");
+  return first == std::string_view::npos ? std::string_view() : body.substr(first);
+}
+
+CompletionVerdict JudgeCompletionJson(const json& j) {
+  CompletionVerdict v;
+  if (!j.is_object()) return v;
+  auto choices = j.find("choices");
+  if (choices == j.end() || !choices->is_array() || choices->empty() ||
+      !(*choices)[0].is_object()) {
+    return v;
+  }
+  v.parsed = true;
+  const json& c = (*choices)[0];
+  auto fr = c.find("finish_reason");
+  if (fr != c.end() && fr->is_string()) v.finish_reason = fr->get<std::string>();
+  auto err = j.find("error");
+  if (err != j.end() && err->is_string()) v.error = err->get<std::string>();
+  return v;
+}
+
+CompletionVerdict JudgeCompletion(std::string_view body) {
+  return JudgeCompletionJson(json::parse(TrimLeadingSpace(body), nullptr, false));
+}
+
+std::string UpstreamErrorMessage(std::string_view body) {
+  const json j = json::parse(TrimLeadingSpace(body), nullptr, false);
+  if (j.is_object()) {
+    auto e = j.find("error");
+    if (e != j.end() && e->is_object()) {
+      auto m = e->find("message");
+      if (m != e->end() && m->is_string()) return m->get<std::string>();
+    }
+  }
+  std::string s(TrimLeadingSpace(body));
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s.empty() ? "(empty body)" : s;
+}
+
+}  // namespace kvrelay::router

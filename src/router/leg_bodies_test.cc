@@ -1,0 +1,111 @@
+#include "router/leg_bodies.h"
+
+#include <gtest/gtest.h>
+
+namespace kvrelay::router {
+namespace {
+
+using nlohmann::json;
+
+TransferId Tid() { return TransferId{0x0123456789abcdefull, 0xfedcba9876543210ull}; }
+
+EngineInfo PInfo() {
+  EngineInfo p;
+  p.engine_id = 4242;
+  p.incarnation = 7;
+  p.role = "prefill";
+  p.tp = 2;
+  p.kv_host = "10.1.2.3";
+  p.kv_port = 9100;
+  return p;
+}
+
+TEST(ParseClientBodyTest, RejectsWhatIsNotAJsonObject) {
+  for (const char* body : {"", "{", "nope", "[1,2]", "\"prompt\"", "3", "null"}) {
+    Result<ClientRequest> r = ParseClientBody(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_NE(ParseClientBody("{").status().message().find("body is not valid JSON: "),
+            std::string::npos);
+  EXPECT_EQ(ParseClientBody("[1]").status().message(), "body must be a JSON object");
+}
+
+TEST(ParseClientBodyTest, ReadsStreamAndKeepsTheRest) {
+  Result<ClientRequest> r = ParseClientBody(R"({"prompt":[1,2],"stream":true,"x":{"y":1}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->stream);
+  EXPECT_EQ(r->body["x"]["y"], 1);
+  // Anything but the boolean true is not a stream (the engine judges a bad type).
+  for (const char* body : {R"({"stream":false})", R"({"stream":null})", R"({"stream":"true"})",
+                           R"({"stream":1})", R"({})"}) {
+    Result<ClientRequest> s = ParseClientBody(body);
+    ASSERT_TRUE(s.ok()) << body;
+    EXPECT_FALSE(s->stream) << body;
+  }
+}
+
+TEST(LegBodiesTest, PrefillLegAsksForOneTokenAndARemoteDecode) {
+  const json client = {{"prompt", {1, 2, 3}},          {"max_tokens", 50},
+                       {"stream", true},               {"temperature", 0.5},
+                       {"request_id", "abc"},          {"unknown_field", "kept"},
+                       {"kv_transfer_params", {{"do_remote_prefill", true}}}};
+  const json p = json::parse(PrefillLegBody(client, Tid(), 4));
+  EXPECT_EQ(p["max_tokens"], 1);
+  EXPECT_EQ(p["stream"], false);
+  EXPECT_EQ(p["prompt"], client["prompt"]);
+  EXPECT_EQ(p["temperature"], 0.5);
+  EXPECT_EQ(p["request_id"], "abc");
+  EXPECT_EQ(p["unknown_field"], "kept");
+  EXPECT_EQ(p["kv_transfer_params"], (json{{"do_remote_decode", true},
+                                           {"transfer_id", "0123456789abcdeffedcba9876543210"},
+                                           {"consumer_tp_size", 4}}));
+}
+
+TEST(LegBodiesTest, DecodeLegKeepsTheClientsLengthAndStreamAndNamesP) {
+  const json client = {{"prompt", "hello world"}, {"max_tokens", 50}, {"stream", true},
+                       {"kv_transfer_params", {{"do_remote_decode", true}}}};
+  const json d = json::parse(DecodeLegBody(client, Tid(), PInfo()));
+  EXPECT_EQ(d["max_tokens"], 50);
+  EXPECT_EQ(d["stream"], true);
+  EXPECT_EQ(d["prompt"], "hello world");
+  EXPECT_EQ(d["kv_transfer_params"], (json{{"do_remote_prefill", true},
+                                           {"transfer_id", "0123456789abcdeffedcba9876543210"},
+                                           {"remote_engine_id", 4242},
+                                           {"remote_host", "10.1.2.3"},
+                                           {"remote_port", 9100},
+                                           {"remote_tp_size", 2}}));
+  // No max_tokens/stream from the client: none added (the engine's defaults).
+  const json d2 = json::parse(DecodeLegBody(json{{"prompt", {5}}}, Tid(), PInfo()));
+  EXPECT_FALSE(d2.contains("max_tokens"));
+  EXPECT_FALSE(d2.contains("stream"));
+}
+
+TEST(JudgeCompletionTest, ReadsFinishReasonPastLeadingWhitespace) {
+  CompletionVerdict v = JudgeCompletion(
+      "   \n {\"choices\":[{\"finish_reason\":\"length\",\"token_ids\":[1]}]}");
+  EXPECT_TRUE(v.parsed);
+  EXPECT_EQ(v.finish_reason, "length");
+  EXPECT_FALSE(v.failed());
+  v = JudgeCompletion(R"({"choices":[{"finish_reason":"error"}],"error":"load failed"})");
+  EXPECT_TRUE(v.failed());
+  EXPECT_EQ(v.error, "load failed");
+  EXPECT_TRUE(JudgeCompletion(R"({"choices":[{"finish_reason":"abort"}]})").failed());
+  v = JudgeCompletion(R"({"choices":[{"finish_reason":null}]})");
+  EXPECT_TRUE(v.parsed);
+  EXPECT_EQ(v.finish_reason, "");
+  for (const char* bad : {"", "  ", "{", "{}", R"({"choices":[]})", R"({"choices":[3]})"}) {
+    EXPECT_FALSE(JudgeCompletion(bad).parsed) << bad;
+  }
+}
+
+TEST(UpstreamErrorMessageTest, TakesTheMessageOrTheBody) {
+  EXPECT_EQ(UpstreamErrorMessage(R"({"error":{"message":"queue full","code":429}})"),
+            "queue full");
+  EXPECT_EQ(UpstreamErrorMessage("oops"), "oops");
+  EXPECT_EQ(UpstreamErrorMessage(""), "(empty body)");
+  EXPECT_EQ(UpstreamErrorMessage(std::string(500, 'x')).size(), 203u);
+}
+
+}  // namespace
+}  // namespace kvrelay::router

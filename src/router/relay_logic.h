@@ -1,0 +1,150 @@
+// relay_logic.h — RelayLogic: the decisions for one client request relayed
+// through a P leg and a D leg, as a pure state machine.
+//
+// Why: which leg's failure wins, when the other leg is cancelled, what the
+// client sees and when the response status is committed are the router's
+// whole failure semantics; as a pure class a test can drive every ordering
+// of events without sockets or threads. Relay (relay.h) feeds it the legs'
+// events and performs what it asks for.
+//
+// Rules (first decisive event wins; later ones are ignored):
+//   - a leg answering 4xx: the client gets that status and body as is
+//     (outcome bad_request); the other leg is cancelled.
+//   - P failing (transport error, a status other than 200 or 4xx, a body
+//     that is not a completion, finish_reason "error"/"abort"): outcome
+//     prefill_failed, D is cancelled, the client gets "prefill failed: ...".
+//   - D failing likewise: outcome decode_failed, P is cancelled.
+//   - P succeeding decides nothing: D pulls the KV and answers.
+//   - D finishing well (its whole JSON body with a good finish_reason, or
+//     its stream's "data: [DONE]" after a good final event): outcome ok.
+//   - the client going away: outcome client_disconnect, both cancelled.
+//   - shutdown: outcome shutdown, both cancelled.
+// Before Commit() a failure is a whole reply: 502 with
+// {"error": {"message", "type": "upstream_error", "code": 502}} (503
+// "server_error" for shutdown). After Commit() (the client has the 200
+// headers) it goes into the body: for a stream, a last SSE event with that
+// error object then "data: [DONE]"; otherwise the error object as the JSON
+// body.
+//
+// Streams are relayed whole event by event (SseSplitter); D's keep-alive
+// comments are dropped (Relay writes its own). D's final event with
+// finish_reason "error"/"abort" is relayed, then the error event.
+//
+// Thread safety: none; Relay serializes calls under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "router/sse_splitter.h"
+
+namespace kvrelay::router {
+
+enum class Outcome : uint8_t {
+  kPending,
+  kOk,
+  kClientDisconnect,
+  kPrefillFailed,
+  kDecodeFailed,
+  kBadRequest,
+  kRejected,   // refused before any leg started (at capacity, no engine up)
+  kShutdown,
+};
+// "pending", "ok", "client_disconnect", "prefill_failed", "decode_failed",
+// "bad_request", "rejected", "shutdown".
+std::string_view OutcomeName(Outcome outcome);
+
+// How one leg's HTTP call ended.
+struct LegEnd {
+  enum class Kind : uint8_t {
+    kResponse,         // a whole HTTP response arrived
+    kTransportError,   // connecting, sending or reading failed
+    kCancelled,        // the router stopped it
+  };
+  Kind kind = Kind::kResponse;
+  int status = 0;       // kResponse: the HTTP status
+  std::string body;     // kResponse: the body (D with status 200: empty, it
+                        // came through DecodeData)
+  std::string error;    // kTransportError: what failed, for the message
+  // kTransportError: the connection failed or broke (the engine may be down
+  // or restarted), as opposed to an answer the router refused.
+  bool connection_failed = false;
+};
+
+// A whole reply for a client whose response is not committed yet.
+struct ClientReply {
+  int status = 0;
+  std::string content_type;
+  std::string body;
+};
+
+class RelayLogic {
+ public:
+  explicit RelayLogic(bool stream) : stream_(stream) {}
+
+  // --- inputs -----------------------------------------------------------
+  void PrefillEnded(const LegEnd& end);
+  void DecodeStatus(int status);
+  // Body bytes of D's 200 answer, in order.
+  void DecodeData(std::string_view bytes);
+  void DecodeEnded(const LegEnd& end);
+  void ClientGone();
+  void Shutdown();
+  // The client was sent status 200 and headers.
+  void Commit();
+
+  // --- outputs ----------------------------------------------------------
+  Outcome outcome() const { return outcome_; }
+  bool decided() const { return outcome_ != Outcome::kPending; }
+  bool committed() const { return committed_; }
+  bool stream() const { return stream_; }
+  bool prefill_done() const { return p_done_; }
+  bool decode_done() const { return d_done_; }
+  // The leg should be stopped now (stays true once set).
+  bool cancel_prefill() const { return cancel_p_; }
+  bool cancel_decode() const { return cancel_d_; }
+  // The client's response may be committed: an outcome is known, P answered
+  // well and D answered 200, or stream bytes wait to be written.
+  bool ReadyToCommit() const;
+  // REQUIRES: decided() && !committed().
+  ClientReply Reply() const;
+  // Committed: true if TakeBody() has something to write (or the end).
+  bool HasBody() const { return !out_.empty() || (decided() && !finished_); }
+  // Committed: the bytes to write now; *finished when they end the response
+  // (then later calls return "" and *finished true). *has_tokens when they
+  // hold a stream event with token ids.
+  std::string TakeBody(bool* finished, bool* has_tokens);
+  const std::string& failure_message() const { return message_; }
+
+ private:
+  void Fail(Outcome outcome, std::string message);
+  void PassThrough(int status, std::string body);
+  void Succeed();
+  void OnEvent(const std::string& event);
+  void AppendTail();
+
+  const bool stream_;
+  bool committed_ = false;
+  Outcome outcome_ = Outcome::kPending;
+  bool cancel_p_ = false, cancel_d_ = false;
+  bool p_done_ = false, p_ok_ = false;
+  bool d_done_ = false;
+  int d_status_ = 0;
+  // Stream: D's events parsed so far.
+  SseSplitter sse_;
+  bool final_seen_ = false;
+  bool final_failed_ = false;
+  // Non-stream: D's body so far.
+  std::string d_body_;
+  // What the client gets: stream events to relay (or the whole body).
+  std::string out_;
+  bool out_has_tokens_ = false;
+  bool finished_ = false;      // the end of the response was taken
+  // The decided reply's parts.
+  int reply_status_ = 200;
+  std::string reply_body_;     // bad_request: the engine's body
+  std::string message_;        // a failure's message
+};
+
+}  // namespace kvrelay::router

@@ -1,0 +1,48 @@
+// router_metrics.h — RouterMetrics: what `kvrelay router` exports on
+// GET /metrics (Prometheus text, via server/metrics.h).
+//
+//   kvrelay_router_requests_total{outcome}          client requests by how
+//       they ended: ok, client_disconnect, prefill_failed, decode_failed,
+//       bad_request, rejected (at capacity, no engine up), shutdown
+//   kvrelay_router_inflight_requests                client requests now
+//   kvrelay_router_engine_outstanding_requests{url} legs in flight per engine
+//   kvrelay_router_engine_up{url}                   1 if the engine is used
+//   kvrelay_router_leg_connection_failures_total{url}
+//   kvrelay_router_request_latency_seconds          arrival → end, ok requests
+//   kvrelay_router_time_to_first_token_seconds      arrival → first token
+//                                                   written, streams
+//
+// Ownership: one per RouterServer; keeps the pool alive for its gauges.
+// Thread safety: every method from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "router/engine_pool.h"
+#include "router/relay_logic.h"
+#include "server/metrics.h"
+
+namespace kvrelay::router {
+
+class RouterMetrics {
+ public:
+  RouterMetrics(std::shared_ptr<EnginePool> pool, const std::atomic<int64_t>* inflight);
+
+  void RequestFinished(Outcome outcome, double seconds);
+  void FirstToken(double seconds);
+  void LegConnectionFailure(size_t engine_index);
+  std::string Render() const { return registry_.Render(); }
+
+ private:
+  server::MetricsRegistry registry_;
+  std::array<server::Counter*, 8> by_outcome_{};
+  std::vector<server::Counter*> connection_failures_;
+  server::Histogram* latency_;
+  server::Histogram* ttft_;
+};
+
+}  // namespace kvrelay::router

@@ -1,0 +1,66 @@
+// router_server.h — RouterServer: `kvrelay router`, the P/D proxy. Clients
+// talk to it as to one engine (POST /v1/completions, GET /v1/models); it
+// runs each request as a P leg and a D leg at once (relay.h) over the
+// engines of an EnginePool.
+//
+// Routes:
+//   POST /v1/completions  the client's body, relayed (docs: leg_bodies.h,
+//                         relay_logic.h). 400 for a body that is not a
+//                         JSON object, 413 over max_body_bytes, 503 over
+//                         max_inflight or with no P or D up.
+//   GET  /v1/models       proxied to a D that is up.
+//   GET  /health          {"status":"ok"|"degraded","prefill":[...],
+//                         "decode":[...]} with each engine's url, up and
+//                         outstanding legs; 503 when no P or no D is up.
+//   GET  /engines         [{"url","role","up","outstanding","kv_info"}].
+//   GET  /metrics         Prometheus text (router_metrics.h).
+//
+// Threads: the HTTP server's pool (GrowingThreadPool, up to http_threads);
+// two threads per request for the legs (LegThreads); the pool's monitor.
+// Stop(): stop accepting, cancel every relay (clients get "the router is
+// shutting down"), wait for the HTTP workers, then (bounded) for the legs.
+//
+// Ownership: owns the listener and the monitor thread; shares the pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/result.h"
+#include "base/time.h"
+#include "router/engine_pool.h"
+#include "router/relay.h"
+
+namespace kvrelay::router {
+
+struct RouterOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;                    // 0: any free port
+  uint32_t max_inflight = 4096;            // client requests at once
+  size_t max_body_bytes = size_t{1} << 20;
+  uint32_t http_threads = 0;               // 0: max_inflight + 64
+  RelayOptions relay;
+  // How long a response's status is held back waiting for P to answer, so
+  // an early failure is still a clean 502 (or the engine's 4xx).
+  Duration commit_wait = Duration::Seconds(1);
+  Duration recheck_interval = Duration::Seconds(1);
+  Duration drain_timeout = Duration::Seconds(5);
+};
+
+class RouterServer {
+ public:
+  // Binds and starts serving. REQUIRES: the pool's discovery is complete.
+  static Result<std::unique_ptr<RouterServer>> Start(const RouterOptions& options,
+                                                     std::shared_ptr<EnginePool> pool);
+  ~RouterServer();
+  void Stop();
+  uint16_t port() const;
+
+ private:
+  struct Impl;
+  explicit RouterServer(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace kvrelay::router
