@@ -60,7 +60,9 @@ bool WaitHealthy(const std::string& url, ChildProcess& child, double timeout_s) 
 }  // namespace
 
 Status LocalCluster::Start(const ClusterOptions& o) {
-  mkdir(o.logs.c_str(), 0755);
+  for (size_t i = 1; i <= o.logs.size(); ++i) {  // mkdir -p
+    if (i == o.logs.size() || o.logs[i] == '/') mkdir(o.logs.substr(0, i).c_str(), 0755);
+  }
   const std::string self = SelfPath();
   auto start = [&](std::string name, std::vector<std::string> args, std::string url) -> Status {
     Proc p{name, url, std::make_unique<ChildProcess>()};

@@ -31,6 +31,10 @@ struct MatrixOptions {
   std::string transport = "shm";
   std::string shape = "tiny";
   uint32_t p_tp = 1, d_tp = 1;
+  // Slower modelled compute than serve's default, so that at the call's
+  // moment requests are prefilling on P, held for a pull, loading and
+  // decoding on D (the interesting races), not all already done.
+  double step_per_token_us = 100;
   std::string logs;
   std::string json_path;
   uint64_t seed = 1;
@@ -138,6 +142,7 @@ int RunMatrix(const MatrixOptions& m) {
     co.shape = m.shape;
     co.p_tp = m.p_tp;
     co.d_tp = m.d_tp;
+    co.step_per_token_us = m.step_per_token_us;
     LocalCluster cluster;
     Status s = cluster.Start(co);
     if (!s.ok()) {
@@ -271,6 +276,8 @@ void RegisterMatrix(CLI::App& app) {
   cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
   cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();
   cmd->add_option("--d-tp", m->d_tp, "decode tp")->capture_default_str();
+  cmd->add_option("--step-per-token-us", m->step_per_token_us, "engines' modelled compute")
+      ->capture_default_str();
   cmd->add_option("--seed", m->seed, "load seed (each case adds its number)")
       ->capture_default_str();
   cmd->add_option("--logs", m->logs, "folder for the processes' logs");

@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -44,6 +45,7 @@ struct RouterServer::Impl : std::enable_shared_from_this<RouterServer::Impl> {
   std::atomic<int> bound_port{0};
 
   std::mutex relays_mu;
+  std::condition_variable relays_cv;   // notified when a relay finishes
   std::unordered_map<uint64_t, std::shared_ptr<Relay>> relays;   // guarded by relays_mu
   bool stopping = false;                                          // guarded by relays_mu
   uint64_t next_id = 1;                                           // guarded by relays_mu
@@ -113,6 +115,18 @@ void RouterServer::Stop() {
   if (!live.empty()) Log("router", "stopping: cancelling %zu requests", live.size());
   for (auto& r : live) r->Shutdown();
   live.clear();
+  // Let each client get its last words ("the router is shutting down")
+  // before the listener stops: httplib ends a chunked response unfinished
+  // once it is stopping.
+  {
+    std::unique_lock<std::mutex> lock(impl_->relays_mu);
+    if (!impl_->relays_cv.wait_for(lock,
+                                   std::chrono::nanoseconds(impl_->options.drain_timeout.ns()),
+                                   [&] { return impl_->relays.empty(); })) {
+      Log("router", "stopping: %zu responses still open after %.1f s", impl_->relays.size(),
+          impl_->options.drain_timeout.seconds());
+    }
+  }
   impl_->http.stop();
   if (impl_->http_thread.joinable()) impl_->http_thread.join();
   impl_->pool->StopMonitor();
@@ -224,6 +238,7 @@ void RouterServer::Impl::Completions(const httplib::Request& req, httplib::Respo
             std::lock_guard<std::mutex> l(self->relays_mu);
             self->relays.erase(r.id());
           }
+          self->relays_cv.notify_all();
           self->inflight.fetch_sub(1);
         });
     relays.emplace(id, relay);

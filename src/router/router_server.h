@@ -17,8 +17,11 @@
 //
 // Threads: the HTTP server's pool (GrowingThreadPool, up to http_threads);
 // two threads per request for the legs (LegThreads); the pool's monitor.
-// Stop(): stop accepting, cancel every relay (clients get "the router is
-// shutting down"), wait for the HTTP workers, then (bounded) for the legs.
+// Stop(): refuse new requests (503), cancel every relay (its client gets
+// "the router is shutting down" as its whole reply, or as the last event or
+// body of a response already begun), wait (bounded) for those responses to
+// end, close the listener and wait for the HTTP workers, then wait
+// (bounded) for the legs' threads.
 //
 // Ownership: owns the listener and the monitor thread; shares the pool.
 #pragma once

@@ -82,7 +82,16 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   return node;
 }
 
-Node::~Node() { Shutdown(Duration::Zero()); }
+Node::~Node() {
+  Shutdown(Duration::Zero());
+  ranks_.clear();
+  engine_.reset();
+  memory_.reset();
+  regions_.clear();
+  transport_.reset();
+  if (zmq_ != nullptr) zmq_ctx_term(zmq_);
+  zmq_ = nullptr;
+}
 
 void Node::Shutdown(Duration drain) {
   {
@@ -93,24 +102,20 @@ void Node::Shutdown(Duration drain) {
   if (engine_ && drain > Duration::Zero()) {
     // Stop admitting and end what runs: P answers the pulls it holds
     // (kAborted) instead of leaving D to time out.
+    // One bound for the whole drain: the abort call and the wait for idle.
+    const Instant until = MonoNow() + drain;
     const auto ms = std::chrono::milliseconds(drain.ns() / 1'000'000);
     engine_->RunOp([](engine::Engine& e) { return e.AbortRequests({}, true); }, ms);
-    const Instant until = MonoNow() + drain;
     while (MonoNow() < until) {
       auto idle = engine_->Query([](const engine::Engine& e) { return e.Idle(); });
       if (!idle || *idle) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  // Threads stop here; the objects live on until ~Node, so callers that
+  // still hold the Node (HTTP handlers) get errors, not freed memory.
   if (engine_) engine_->Stop();
   for (auto& r : ranks_) r->Stop();
-  ranks_.clear();
-  engine_.reset();
-  memory_.reset();
-  regions_.clear();
-  transport_.reset();
-  if (zmq_ != nullptr) zmq_ctx_term(zmq_);
-  zmq_ = nullptr;
 }
 
 Status Node::EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,

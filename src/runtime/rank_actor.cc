@@ -426,7 +426,7 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
 void RankActor::NotifyKnown() {
   std::lock_guard<std::mutex> lock(known_mu_);
   for (const auto& [key, c] : conns_) {
-    if (c.known) known_.insert(key);
+    if (c.known && c.state == Conn::kUp) known_.insert(key);
   }
   known_cv_.notify_all();
 }
@@ -478,6 +478,9 @@ void RankActor::Heartbeat(Instant now) {
       Log("rank", "P %s silent for %.1f s: gone; its loads fail now", c.endpoint.c_str(),
           silent.seconds());
       conn_.PeerGone(c.peer, now);
+      // A new request naming this engine must see a live handshake first.
+      std::lock_guard<std::mutex> lock(known_mu_);
+      known_.erase(key);
     }
   }
 }

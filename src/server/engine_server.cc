@@ -123,6 +123,7 @@ struct EngineServer::Impl {
   ParseLimits limits;
   int64_t created_s = runtime::WallSeconds();
   std::atomic<int> bound_port{0};
+  std::atomic<bool> stopping{false};
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   bool stopped = false;
@@ -182,6 +183,7 @@ void EngineServer::Stop() {
     if (impl_->stopped) return;
     impl_->stopped = true;
   }
+  impl_->stopping = true;
   // Drain first so open streams finish (aborted) and P answers its pulls;
   // then stop the listener, which waits for handlers to return.
   impl_->node->Shutdown(Duration::Seconds(5));
@@ -250,6 +252,7 @@ void EngineServer::Impl::Routes() {
 
 void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
   metrics.http_requests->Inc();
+  if (stopping.load()) return SendError(res, 503, "server is shutting down", "server_error");
   Result<CompletionRequest> parsed = ParseCompletionRequest(req.body, limits);
   if (!parsed.ok()) {
     metrics.bad_requests->Inc();

@@ -323,6 +323,15 @@ Proc::~Proc() {
     }
   }
   UnregisterChild(pid_);
+  // A kvrelay that crashed could not unlink its shm segments
+  // ("/kvrelay-<pid>-..."): they are this child's, and garbage now.
+  std::error_code ec;
+  const std::string prefix = "kvrelay-" + std::to_string(pid_) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
   if (::testing::Test::HasFailure()) PrintLog();
 }
 
@@ -416,8 +425,14 @@ std::unique_ptr<Engine> Engine::Start(const EngineConfig& config, std::string* e
       }
       HttpReply h = e->Get("/health", 1s);
       if (h.status == 200) {
-        up = true;
-        break;
+        // The port may have been taken by another test's engine (tests run
+        // in parallel processes): it is ours only if it has our engine id.
+        HttpReply info = e->Get("/kv_info", 1s);
+        const json& j = info.body;
+        if (j.is_object() && j.value("engine_id", 0u) == e->engine_id_) {
+          up = true;
+          break;
+        }
       }
       std::this_thread::sleep_for(20ms);
     }
@@ -430,6 +445,7 @@ std::unique_ptr<Engine> Engine::Start(const EngineConfig& config, std::string* e
                            text.find("cannot bind") != std::string::npos ||
                            text.find("Address already in use") != std::string::npos;
     if (!(exited && port_lost)) break;   // only a lost port race is retried
+    e->proc_.reset();
     std::printf("[harness] %s lost a port race (attempt %d); retrying on new ports\n",
                 config.name.c_str(), attempt);
   }

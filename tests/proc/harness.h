@@ -67,8 +67,9 @@ class Proc {
   static std::unique_ptr<Proc> Start(const std::string& binary,
                                      const std::vector<std::string>& args,
                                      const std::string& log_path, std::string* error);
-  // SIGTERM, wait up to 10 s, then SIGKILL; prints the log if the current
-  // test failed.
+  // SIGTERM, wait up to 10 s, then SIGKILL; removes the shm segments a
+  // crashed kvrelay left (/dev/shm/kvrelay-<pid>-*); prints the log if the
+  // current test failed.
   ~Proc();
   Proc(const Proc&) = delete;
   Proc& operator=(const Proc&) = delete;

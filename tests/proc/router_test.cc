@@ -14,6 +14,8 @@
 //                                       every client gets output or a clean
 //                                       error promptly; D ends idle; new
 //                                       requests succeed on the other P.
+//   RouterTest.BoundsAreEnforced        --max-inflight (503), --max-body-bytes
+//                                       (413).
 //   RouterTest.StartsBeforeTheEngines   the router waits for /kv_info.
 //   RouterTest.RoleMismatchIsAClearError
 //   RouterTest.SigtermCancelsInFlightAndExitsZero
@@ -393,8 +395,14 @@ class RouterTest : public ::testing::Test {
 };
 
 // (1) 1P1D: outputs exact, stream or not; the other routes; 4xx as is.
+//
+// A request only D refuses (here "max_tokens": "x": P's leg carries
+// max_tokens 1, so P accepts it) leaves P holding the prefilled KV until its
+// --abort-timeout-s: D refuses it before admitting it, and only an admitted
+// request tells P it will never pull (an engine gap). P runs with a 4 s
+// abort timeout so that the last idle check can wait it out.
 TEST_F(RouterTest, OnePrefillOneDecode) {
-  Engine* p = StartEngine("P", "prefill");
+  Engine* p = StartEngine("P", "prefill", {}, /*abort_timeout_s=*/4);
   Engine* d = StartEngine("D", "decode");
   ASSERT_TRUE(p && d);
   Router* r = StartRouter({p}, {d});
@@ -447,7 +455,7 @@ TEST_F(RouterTest, OnePrefillOneDecode) {
                                 CompletionBody(Tokens(5000, 3), 1, false).dump());
   EXPECT_EQ(too_long.status, 400) << Describe(too_long);
   EXPECT_GE(r->Outcome("bad_request"), 4);
-  ExpectAllIdle();
+  ExpectAllIdle(20s);
 }
 
 // (2) 2P2D at concurrency 8: outputs exact, every engine used.
@@ -506,8 +514,9 @@ TEST_F(RouterTest, ClientDisconnectCancelsBothLegs) {
   int disconnects = 0;
   for (bool stream : {true, false}) {
     SCOPED_TRACE(stream ? "stream" : "json");
-    const double aborted_before =
-        MetricSum(d->Metrics(), "kvrelay_requests_finished_total", "reason=\"abort\"");
+    // (The engine counts a request its client left in
+    // kvrelay_client_disconnects_total, and aborts it.)
+    const double aborted_before = MetricSum(d->Metrics(), "kvrelay_client_disconnects_total");
     RawClient c;
     ASSERT_TRUE(c.Connect(r->port()));
     ASSERT_TRUE(c.Send("/v1/completions",
@@ -525,8 +534,7 @@ TEST_F(RouterTest, ClientDisconnectCancelsBothLegs) {
     // D aborts the request promptly (well before its 2 s of decoding end).
     EXPECT_TRUE(WaitFor(
         [&] {
-          return MetricSum(d->Metrics(), "kvrelay_requests_finished_total",
-                           "reason=\"abort\"") > aborted_before;
+          return MetricSum(d->Metrics(), "kvrelay_client_disconnects_total") > aborted_before;
         },
         10s));
     EXPECT_LT(SecondsSince(left_at), 1.5) << "D's abort came late";
@@ -634,6 +642,36 @@ TEST_F(RouterTest, PrefillKilledMidRun) {
   const std::string m = r->Metrics();
   EXPECT_EQ(MetricSum(m, "kvrelay_router_requests_total"), static_cast<double>(done.size() + 10));
   EXPECT_EQ(MetricSum(m, "kvrelay_router_inflight_requests"), 0);
+}
+
+// --max-inflight: one more request gets 503 (and the router recovers);
+// --max-body-bytes: a longer body gets 413 with an error object.
+TEST_F(RouterTest, BoundsAreEnforced) {
+  Engine* p = StartEngine("P", "prefill");
+  Engine* d = StartEngine("D", "decode", {"--step-base-us", "5000"});
+  ASSERT_TRUE(p && d);
+  Router* r = StartRouter({p}, {d}, {"--max-inflight", "1", "--max-body-bytes", "4000"});
+  ASSERT_NE(r, nullptr);
+  RawClient c;
+  ASSERT_TRUE(c.Connect(r->port()));
+  ASSERT_TRUE(c.Send("/v1/completions", CompletionBody(RandomPrompt(rng_, 50), 500, true).dump()));
+  ASSERT_TRUE(c.ReadUntil("\"token_ids\":[", 10s)) << c.received();
+  const Tokens prompt = RandomPrompt(rng_, 10);
+  const Answer busy = Complete(r->port(), prompt, 3, false);
+  EXPECT_EQ(busy.reply.status, 503) << busy.Describe();
+  EXPECT_TRUE(busy.clean_error) << busy.Describe();
+  EXPECT_NE(busy.reply.raw.find("--max-inflight"), std::string::npos);
+  HttpReply big = HttpPost(r->port(), "/v1/completions",
+                           CompletionBody(Tokens(1000, 12345), 1, false).dump());
+  EXPECT_EQ(big.status, 413) << Describe(big);
+  EXPECT_TRUE(IsErrorObject(big.body)) << Describe(big);
+  c.Close();
+  ASSERT_TRUE(WaitFor([&] {
+    return MetricSum(r->Metrics(), "kvrelay_router_inflight_requests") == 0;
+  }, 10s));
+  EXPECT_TRUE(Correct(Complete(r->port(), prompt, 3, false), prompt, 3));
+  EXPECT_EQ(r->Outcome("rejected"), 1);
+  ExpectAllIdle();
 }
 
 // The router may start first: it waits (bounded) for every /kv_info.

@@ -304,7 +304,7 @@ TEST_P(PdTest, SequentialHandoff) {
   for (size_t len : {1, 2, 3, 4, 5, 8, 9, 16, 17, 63, 64, 65, 128, 255, 299, 300}) {
     prompts.push_back(RandomPrompt(rng_, len));
   }
-  const Tokens& base = prompts.back();   // 300 tokens
+  const Tokens base = prompts.back();   // 300 tokens (a copy: push_back reallocates)
   for (size_t shared : {100, 101, 297}) {
     Tokens p(base.begin(), base.begin() + static_cast<long>(shared));
     Tokens tail = RandomPrompt(rng_, 1 + rng_() % (300 - shared));
@@ -997,7 +997,7 @@ TEST_F(PeerDeathTest, PKilledWhileDPullsWaits) {
   HttpReply d_reply;
   std::thread d_leg([&] {
     d_reply = d_->Post("/v1/completions",
-                       DecodeBody(prompt, 6, p_->RemotePrefillParams(transfer)), 40s);
+                       DecodeBody(prompt, 6, p_->RemotePrefillParams(transfer)), 20s);
   });
   ASSERT_TRUE(WaitFor([&] { return HasTransfer(d_->DebugState(), "loads", transfer); }, 5s, 5ms))
       << EngineSummary(*d_);
@@ -1016,7 +1016,7 @@ TEST_F(PeerDeathTest, PKilledWhileDPullsWaits) {
   const Tokens prompt2 = RandomPrompt(rng_, 50);
   HttpReply again = d_->Post(
       "/v1/completions", DecodeBody(prompt2, 4, p_->RemotePrefillParams(NewTransferId(rng_))),
-      40s);
+      20s);
   std::printf("[info] a leg naming the dead P answered in %.3f s: HTTP %d\n", again.seconds,
               again.status);
   EXPECT_LT(again.seconds, 10.0) << Describe(again);
