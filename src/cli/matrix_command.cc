@@ -180,11 +180,11 @@ int RunMatrix(const MatrixOptions& m) {
           continue;
         }
         row.latency_s = std::max(row.latency_s, co2.latency_s);
-        // reset_prefix_cache without reset_running_requests may be refused
-        // while requests hold blocks (vLLM's contract); everything else
-        // must succeed.
-        const bool refusal_allowed =
-            c.op == Op::kResetPrefix && !c.reset_running && co2.http_status == 409;
+        // reset_prefix_cache returns false (409), never raises, while
+        // transfers or requests hold blocks (lifecycle.md; vLLM's
+        // contract) — with reset_running_requests too, since transfers are
+        // not running requests. Everything else must succeed.
+        const bool refusal_allowed = c.op == Op::kResetPrefix && co2.http_status == 409;
         if (!co2.ok && !refusal_allowed) {
           calls_ok = false;
           row.why += co2.engine + ": " + co2.detail + "; ";

@@ -103,6 +103,19 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
                                    transfer.ToString());
   }
   KV_CHECK(send.state == SendState::kWaiting);  // Ready twice is a bug
+  if (prompt_hash != 0 && send.prompt_hash != 0 && prompt_hash != send.prompt_hash) {
+    // The KV was computed under other weights than the claim promised (an
+    // update landed between admission and prefill): no D that admitted this
+    // prompt with the claim's fingerprint can use it, and its pulls would
+    // be refused while the blocks sat here until expiry. End the send now:
+    // waiting pulls are answered, later ones meet the tombstone, D
+    // recomputes, and P's engine frees the blocks at once.
+    ++stats_.readies_refused;
+    ++stats_.prompt_mismatch;
+    EndSend(s, TransferResult::kRejected, now);
+    return CancelledError("transfer " + transfer.ToString() +
+                          ": its KV was computed under other weights than claimed");
+  }
   ++stats_.readies;
   send.state = SendState::kReady;
   send.holds_blocks = true;

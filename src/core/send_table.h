@@ -224,8 +224,10 @@ class SendTable {
   // the claim's, and pulls already waiting are checked against it.
   // REQUIRES: Ready() was not accepted before for this transfer.
   // On error P keeps ownership and frees the blocks itself: kCancelled if
-  // the transfer already ended (released, aborted, deadline) — the engine
-  // frees at once; kFailedPrecondition if it was never claimed;
+  // the transfer already ended (released, aborted, deadline) or if
+  // `prompt_hash` differs from the claim's (the KV was computed under other
+  // weights than claimed: the send ends, kRejected) — the engine frees at
+  // once; kFailedPrecondition if it was never claimed;
   // kInvalidArgument if `blocks` is empty.
   Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now,
                uint64_t prompt_hash = 0);

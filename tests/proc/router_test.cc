@@ -118,8 +118,17 @@ struct Answer {
   bool clean_error = false;      // {"error":{message,type,code}} as the body or last event
   json error;
   bool saw_done = false;         // stream: "data: [DONE]" last
+  // The status, time and body (its head and tail: a stream's end matters).
   std::string Describe() const {
-    return std::string(stream ? "stream " : "json ") + proctest::Describe(reply);
+    std::string body = reply.raw;
+    if (body.size() > 1200) body = body.substr(0, 300) + "\n[...]\n" + body.substr(body.size() - 900);
+    char t[32];
+    std::snprintf(t, sizeof t, "%.3f", reply.seconds);
+    return std::string(stream ? "stream" : "json") +
+           (reply.status == 0 ? " no HTTP response: " + reply.error
+                              : " HTTP " + std::to_string(reply.status)) +
+           " after " + t + " s; finish_reason \"" + finish_reason + "\", " +
+           std::to_string(tokens.size()) + " tokens; body: " + body;
   }
 };
 
@@ -147,7 +156,9 @@ Answer Read(HttpReply reply, bool stream) {
     a.finish_reason = c["finish_reason"].get<std::string>();
     if (c.contains("token_ids")) a.tokens = c["token_ids"].get<Tokens>();
   };
-  if (!stream || a.reply.status != 200 || body.rfind("data:", 0) != 0) {
+  // A 200 stream is SSE (possibly opening with ": keep-alive" comments);
+  // anything else, or a reply made whole before streaming began, is JSON.
+  if (!stream || a.reply.status != 200 || body.rfind("{", 0) == 0) {
     const json j = json::parse(body, nullptr, false);
     if (IsErrorObject(j)) {
       a.clean_error = true;
