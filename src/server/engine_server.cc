@@ -131,6 +131,7 @@ struct EngineServer::Impl {
   void Routes();
   void Completions(const httplib::Request& req, httplib::Response& res);
   void Admin(const httplib::Request& req, httplib::Response& res);
+  void ReleaseRefused(const std::string& body, const CompletionRequest* parsed);
   json DebugState();
   std::string Metrics();
   runtime::EngineActor& engine() { return node->engine(); }
@@ -256,6 +257,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   Result<CompletionRequest> parsed = ParseCompletionRequest(req.body, limits);
   if (!parsed.ok()) {
     metrics.bad_requests->Inc();
+    ReleaseRefused(req.body, nullptr);
     return SendError(res, HttpStatusForParseError(parsed.status()), parsed.status().message());
   }
   CompletionRequest cr = std::move(*parsed);
@@ -290,6 +292,8 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   Result<std::shared_ptr<runtime::RequestStream>> stream = engine().Submit(std::move(spec));
   if (!stream.ok()) {
     metrics.requests_rejected->Inc();
+    // A duplicate transfer_id belongs to a live load here: leave P alone.
+    if (stream.status().code() != StatusCode::kAlreadyExists) ReleaseRefused(req.body, &cr);
     return SendError(res, HttpStatusFor(stream.status()), stream.status().message(),
                      HttpStatusFor(stream.status()) >= 500 ? "server_error"
                                                            : "invalid_request_error");
@@ -375,6 +379,8 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     if (!p->finished.exchange(true)) {
       // The client went away before the end: abort its request.
       metrics.client_disconnects->Inc();
+      metrics.RequestFinished(engine::FinishReason::kAborted,
+                              (runtime::MonoNow() - p->started).seconds());
       engine().Abort(p->client);
     }
   };
@@ -410,6 +416,52 @@ void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& r
                        {"latency_s", r.latency_s}}
                       .dump(),
                   "application/json");
+}
+
+// D refused a hand-off before admitting it (bad body, queue full, ...): P
+// holds a READY send for it that no pull will ever come for. Tell P now, as
+// D does for an admitted request that ends before its load starts, instead
+// of leaving P's blocks pinned until its abort timeout. The release carries
+// no prompt fingerprint (the prompt may be what was malformed); transfer
+// ids are 128 random bits, so it names only this hand-off.
+void EngineServer::Impl::ReleaseRefused(const std::string& body,
+                                        const CompletionRequest* parsed) {
+  const engine::EngineOptions& eo = options.node.engine;
+  if (!node->transfers() || eo.role == engine::Role::kProducer) return;
+  KvTransferParams kv;
+  std::string host;
+  uint16_t port = 0;
+  if (parsed != nullptr) {
+    if (!parsed->has_kv || !parsed->kv.do_remote_prefill) return;
+    kv = parsed->kv;
+    host = parsed->remote_host;
+    port = parsed->remote_port;
+  } else {
+    // The body was refused: read just its kv_transfer_params, leniently.
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("kv_transfer_params")) return;
+    const json& k = j["kv_transfer_params"];
+    if (!k.is_object() || !k.value("do_remote_prefill", false)) return;
+    try {
+      if (!TransferId::Parse(k.at("transfer_id").get<std::string>(), &kv.transfer)) return;
+      kv.remote_engine = k.at("remote_engine_id").get<uint32_t>();
+      kv.remote_tp = k.at("remote_tp_size").get<uint32_t>();
+      host = k.at("remote_host").get<std::string>();
+      port = k.at("remote_port").get<uint16_t>();
+    } catch (const json::exception&) {
+      return;
+    }
+    if (kv.transfer.IsZero() || host.empty() || port == 0 || kv.remote_tp == 0 ||
+        kv.remote_tp > engine::kHeadGroups || engine::kHeadGroups % kv.remote_tp != 0) {
+      return;
+    }
+  }
+  if (!node->EnsureProducers(kv.remote_engine, host, port, kv.remote_tp).ok()) return;
+  ConnectorMetadata meta;
+  meta.unstarted_releases.push_back(
+      ReleaseUnstartedOp{kv.transfer, kv.remote_engine, kv.remote_tp, /*prompt_hash=*/0});
+  for (const auto& rank : node->ranks()) rank->PostMetadata(meta);
+  metrics.refused_releases->Inc();
 }
 
 json EngineServer::Impl::DebugState() {

@@ -33,6 +33,9 @@ ServerMetrics::ServerMetrics() {
   client_disconnects = r.AddCounter("kvrelay_client_disconnects_total",
                                     "clients that went away before their request ended "
                                     "(each aborts its request)");
+  refused_releases = r.AddCounter("kvrelay_refused_handoff_releases_total",
+                                  "D: hand-offs refused before admission whose P was told "
+                                  "to release at once");
   const char* reasons[] = {"length", "abort", "error"};
   for (int i = 0; i < 3; ++i) {
     finished_[i] = r.AddCounter("kvrelay_requests_finished_total", "requests ended, by reason",

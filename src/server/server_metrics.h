@@ -30,6 +30,7 @@ class ServerMetrics {
   Counter* requests_rejected;
   Counter* requests_started;
   Counter* client_disconnects;
+  Counter* refused_releases;
 
   void RequestFinished(engine::FinishReason reason, double seconds);
   void AdminCall(std::string_view call, bool ok, double seconds);
