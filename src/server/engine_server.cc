@@ -322,34 +322,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     }
     p->tokens.insert(p->tokens.end(), toks.begin(), toks.end());
     p->versions.insert(p->versions.end(), vers.begin(), vers.end());
-    if (p->stream_mode) {
-      std::string out;
-      if (!toks.empty()) {
-        out += SseEvent(StreamChunkJson(p->id, model, created, toks, vers, std::nullopt));
-      }
-      if (done) {
-        CompletionResult r;
-        r.id = p->id;
-        r.model = model;
-        r.created_s = created;
-        r.prompt_tokens = p->prompt_tokens;
-        r.tokens = p->tokens;
-        r.weights_versions = p->versions;
-        r.finish_reason = p->raw()->reason();
-        r.error = p->raw()->error();
-        r.kv_transfer_params = p->kv_out;
-        // The last event carries the finish and, as vLLM's usage chunk
-        // does, the whole result (usage, kv_transfer_params).
-        out += SseEvent(CompletionJson(r));
-        out += SseDone();
-      } else if (out.empty()) {
-        out = ": keep-alive\n\n";  // also probes for a client that left
-      }
-      if (!sink.write(out.data(), out.size())) return false;
-    } else if (!done) {
-      // Leading whitespace is valid JSON: it keeps the connection probed.
-      if (!sink.write(" ", 1)) return false;
-    } else {
+    auto result = [&] {
       CompletionResult r;
       r.id = p->id;
       r.model = model;
@@ -360,7 +333,27 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
       r.finish_reason = p->raw()->reason();
       r.error = p->raw()->error();
       r.kv_transfer_params = p->kv_out;
-      const std::string body = CompletionJson(r);
+      return r;
+    };
+    if (p->stream_mode) {
+      std::string out;
+      if (!toks.empty()) {
+        out += SseEvent(StreamChunkJson(p->id, model, created, toks, vers, std::nullopt));
+      }
+      if (done) {
+        // The last event carries the finish and, as vLLM's usage chunk
+        // does, the whole result (usage, kv_transfer_params).
+        out += SseEvent(CompletionJson(result()));
+        out += SseDone();
+      } else if (out.empty()) {
+        out = ": keep-alive\n\n";  // also probes for a client that left
+      }
+      if (!sink.write(out.data(), out.size())) return false;
+    } else if (!done) {
+      // Leading whitespace is valid JSON: it keeps the connection probed.
+      if (!sink.write(" ", 1)) return false;
+    } else {
+      const std::string body = CompletionJson(result());
       if (!sink.write(body.data(), body.size())) return false;
     }
     if (done) {
