@@ -34,6 +34,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "net/byte_codec.h"
 #include "net/transport.h"
 
 namespace kvrelay::net {
@@ -62,58 +63,9 @@ bool SegmentNameOk(const std::string& name) {
   return true;
 }
 
-// planes × num_blocks × stride, false on zero or overflow.
-bool LayoutBytes(const RegionLayout& layout, uint64_t* bytes) {
-  if (layout.planes == 0 || layout.num_blocks == 0 || layout.block_stride_bytes == 0) {
-    return false;
-  }
-  uint64_t blocks = 0;
-  if (__builtin_mul_overflow(layout.planes, uint64_t{layout.num_blocks}, &blocks)) return false;
-  if (__builtin_mul_overflow(blocks, layout.block_stride_bytes, bytes)) return false;
-  return *bytes <= static_cast<uint64_t>(SIZE_MAX / 2);
-}
-
-void PutU16(std::vector<uint8_t>& out, uint16_t v) {
-  for (int i = 0; i < 2; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void PutU32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void PutU64(std::vector<uint8_t>& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-// Reads little-endian fields; any read past the end sets !ok() for good.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  bool ok() const { return ok_; }
-  bool AtEnd() const { return pos_ == in_.size(); }
-  uint64_t Get(int bytes) {
-    if (!ok_ || in_.size() - pos_ < static_cast<size_t>(bytes)) {
-      ok_ = false;
-      return 0;
-    }
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= uint64_t{in_[pos_ + i]} << (8 * i);
-    pos_ += bytes;
-    return v;
-  }
-  std::string GetString(size_t n) {
-    if (!ok_ || in_.size() - pos_ < n) {
-      ok_ = false;
-      return {};
-    }
-    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
-    pos_ += n;
-    return s;
-  }
-
- private:
-  std::span<const uint8_t> in_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
+using net::AppendLe;
+using net::LayoutBytes;
+using net::Reader;
 
 struct ShmRegistration {
   std::string name;
@@ -124,14 +76,14 @@ struct ShmRegistration {
 std::vector<uint8_t> EncodeRegistration(const ShmRegistration& r) {
   std::vector<uint8_t> out;
   out.reserve(4 + 2 + 2 + r.name.size() + 8 + 8 + 4 + 8);
-  PutU32(out, kShmMagic);
-  PutU16(out, kShmVersion);
-  PutU16(out, static_cast<uint16_t>(r.name.size()));
+  AppendLe(out, kShmMagic, 4);
+  AppendLe(out, kShmVersion, 2);
+  AppendLe(out, static_cast<uint16_t>(r.name.size()), 2);
   out.insert(out.end(), r.name.begin(), r.name.end());
-  PutU64(out, r.total_bytes);
-  PutU64(out, r.layout.planes);
-  PutU32(out, r.layout.num_blocks);
-  PutU64(out, r.layout.block_stride_bytes);
+  AppendLe(out, r.total_bytes, 8);
+  AppendLe(out, r.layout.planes, 8);
+  AppendLe(out, r.layout.num_blocks, 4);
+  AppendLe(out, r.layout.block_stride_bytes, 8);
   return out;
 }
 
