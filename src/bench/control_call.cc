@@ -4,6 +4,12 @@
 #include <cstdlib>
 #include <set>
 
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/admin_auth.h"
+
 namespace kvrelay {
 
 std::string ControlCall::ToString() const {
@@ -17,6 +23,25 @@ std::string ControlCall::ToString() const {
   std::snprintf(when, sizeof when, "%g", at_s);
   s += std::string(first ? "" : ",") + "target=" + target + "@" + when + "s";
   return s;
+}
+
+Result<std::string> AdminAuthorizationFor(const std::string& engine_url,
+                                          const std::string& token, const std::string& method,
+                                          const std::string& target, const std::string& body) {
+  httplib::Client cli(engine_url);
+  cli.set_connection_timeout(5);
+  cli.set_read_timeout(30);
+  auto r = cli.Get("/auth/nonce");
+  if (!r || r->status != 200) {
+    return Status(StatusCode::kUnavailable,
+                  engine_url + "/auth/nonce: " +
+                      (r ? "HTTP " + std::to_string(r->status) : httplib::to_string(r.error())));
+  }
+  const nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+  if (!j.is_object() || !j.contains("nonce") || !j["nonce"].is_string()) {
+    return Status(StatusCode::kUnavailable, engine_url + "/auth/nonce: no nonce in the answer");
+  }
+  return server::AdminAuthorization(token, j["nonce"].get<std::string>(), method, target, body);
 }
 
 Result<ControlCall> ParseControlCall(const std::string& spec) {

@@ -14,7 +14,12 @@
 // target left paused gets /resume and every one asleep or with its KV
 // released gets /wake_up, so the load can finish.
 //
-// Thread safety: a value type.
+// Authentication: with a token (`--auth-token-file`), every admin call and
+// /debug/* read is signed — AdminAuthorizationFor() fetches a nonce from
+// the engine's GET /auth/nonce and returns the Authorization header value
+// (server/admin_auth.h; the token itself never crosses the wire).
+//
+// Thread safety: a value type; AdminAuthorizationFor from any thread.
 #pragma once
 
 #include <map>
@@ -34,5 +39,12 @@ struct ControlCall {
 };
 
 Result<ControlCall> ParseControlCall(const std::string& spec);
+
+// The Authorization header value for `method target` with `body` on the
+// engine at `engine_url` (e.g. "http://127.0.0.1:8100"), signed with
+// `token`. Errors: kUnavailable if the engine cannot give a nonce.
+Result<std::string> AdminAuthorizationFor(const std::string& engine_url,
+                                          const std::string& token, const std::string& method,
+                                          const std::string& target, const std::string& body);
 
 }  // namespace kvrelay

@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
 
+#include "base/mutex.h"
 #include "base/prng.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -144,15 +143,17 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
   httplib::Error err = httplib::Error::Success;
   // A client that leaves mid-request, even while no byte arrives: a
   // watchdog closes the connection at its moment.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool request_over = false;
+  struct Watch {
+    Mutex mu;
+    CondVar cv;
+    bool request_over GUARDED_BY(mu) = false;
+  } watch;
   std::thread watchdog;
   if (spec.disconnect) {
     watchdog = std::thread([&] {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, std::chrono::duration<double>(spec.disconnect_after_s),
-                       [&] { return request_over; })) {
+      MutexLock lock(&watch.mu);
+      if (!watch.cv.WaitFor(&watch.mu, std::chrono::duration<double>(spec.disconnect_after_s),
+                            [&]() REQUIRES(watch.mu) { return watch.request_over; })) {
         cut_by_us = true;
         cli.stop();
       }
@@ -161,10 +162,10 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
   const bool sent = cli.send(req, res, err);
   if (watchdog.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(mu);
-      request_over = true;
+      MutexLock lock(&watch.mu);
+      watch.request_over = true;
     }
-    cv.notify_all();
+    watch.cv.NotifyAll();
     watchdog.join();
   }
   out.e2e_s = Since(t0);
@@ -227,11 +228,18 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
   return out;
 }
 
-Result<json> GetJson(const std::string& base, const std::string& path) {
+Result<json> GetJson(const std::string& base, const std::string& path,
+                     const std::string& token = "") {
   httplib::Client cli(base);
   cli.set_connection_timeout(5);
   cli.set_read_timeout(30);
-  auto r = cli.Get(path.c_str());
+  httplib::Headers headers;
+  if (!token.empty() && path.rfind("/debug", 0) == 0) {  // an engine's /debug/*: signed
+    Result<std::string> a = AdminAuthorizationFor(base, token, "GET", path, "");
+    if (!a.ok()) return a.status();
+    headers.emplace("Authorization", *a);
+  }
+  auto r = cli.Get(path.c_str(), headers);
   if (!r) return Status(StatusCode::kUnavailable, base + path + ": " + httplib::to_string(r.error()));
   if (r->status != 200) {
     return Status(StatusCode::kNotFound, base + path + ": HTTP " + std::to_string(r->status));
@@ -241,9 +249,9 @@ Result<json> GetJson(const std::string& base, const std::string& path) {
   return j;
 }
 
-ControlOutcome Call(const std::string& engine_url, const std::string& call,
-                    const std::map<std::string, std::string>& params, double at_s,
-                    const std::vector<std::string>& some_ids = {}) {
+ControlOutcome Call(const std::string& engine_url, const std::string& token,
+                    const std::string& call, const std::map<std::string, std::string>& params,
+                    double at_s, const std::vector<std::string>& some_ids = {}) {
   ControlOutcome c;
   c.call = call;
   c.engine = engine_url;
@@ -271,7 +279,16 @@ ControlOutcome Call(const std::string& engine_url, const std::string& call,
     }
   }
   const Clock::time_point t0 = Clock::now();
-  auto r = cli.Post(path.c_str(), body, "application/json");
+  httplib::Headers headers;
+  if (!token.empty()) {
+    Result<std::string> a = AdminAuthorizationFor(engine_url, token, "POST", path, body);
+    if (!a.ok()) {
+      c.detail = a.status().message();
+      return c;
+    }
+    headers.emplace("Authorization", *a);
+  }
+  auto r = cli.Post(path.c_str(), headers, body, "application/json");
   c.latency_s = Since(t0);
   if (!r) {
     c.detail = httplib::to_string(r.error());
@@ -348,10 +365,16 @@ LoadReport RunLoad(const LoadOptions& o) {
   std::unique_ptr<std::atomic<uint8_t>[]> in_flight(new std::atomic<uint8_t>[o.requests]);
   for (uint32_t i = 0; i < o.requests; ++i) in_flight[i] = 0;
   std::atomic<uint32_t> next{0}, done{0}, n_ok{0}, n_err{0}, n_disc{0}, n_fail{0};
+  std::vector<uint8_t> started(o.requests, 0);  // with duration_s, some never start
+  std::atomic<uint32_t> clients_left{std::min(o.concurrency, o.requests)};
   const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> clients;
   for (uint32_t w = 0; w < std::min(o.concurrency, o.requests); ++w) {
     clients.emplace_back([&] {
+      struct Left {
+        std::atomic<uint32_t>& n;
+        ~Left() { --n; }
+      } left{clients_left};
       httplib::Client cli(o.url);
       cli.set_connection_timeout(10);
       cli.set_read_timeout(static_cast<time_t>(o.request_timeout_s));
@@ -359,6 +382,8 @@ LoadReport RunLoad(const LoadOptions& o) {
       while (true) {
         const uint32_t i = next.fetch_add(1);
         if (i >= o.requests) return;
+        if (o.duration_s > 0 && Since(t0) >= o.duration_s) return;
+        started[i] = 1;
         const Spec spec = MakeSpec(o, i, shape.vocab);
         in_flight[i] = 1;
         outcomes[i] = RunOne(cli, spec, RequestIdOf(o, i), shape, o.request_timeout_s);
@@ -370,11 +395,15 @@ LoadReport RunLoad(const LoadOptions& o) {
           case Fate::kFailed: ++n_fail; break;
         }
         ++done;
+        if (o.error_backoff_s > 0 &&
+            (outcomes[i].fate == Fate::kCleanError || outcomes[i].fate == Fate::kFailed)) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(o.error_backoff_s));
+        }
       }
     });
   }
   // Lifecycle calls, in time order, each on every engine of its target.
-  std::mutex controls_mu;
+  Mutex controls_mu;   // guards rep.controls while the control thread runs
   std::thread control([&] {
     std::vector<ControlCall> calls = o.controls;
     std::sort(calls.begin(), calls.end(),
@@ -397,9 +426,9 @@ LoadReport RunLoad(const LoadOptions& o) {
       std::vector<std::thread> ts;
       for (const std::string& e : targets) {
         ts.emplace_back([&, e] {
-          ControlOutcome r = Call(e, c.call, c.params, Since(t0), some_ids);
+          ControlOutcome r = Call(e, o.auth_token, c.call, c.params, Since(t0), some_ids);
           r.call = label;
-          std::lock_guard<std::mutex> lock(controls_mu);
+          MutexLock lock(&controls_mu);
           rep.controls.push_back(r);
         });
       }
@@ -409,15 +438,15 @@ LoadReport RunLoad(const LoadOptions& o) {
       if (c.resume_after_ms >= 0 && c.call != "resume" && c.call != "wake_up") {
         std::this_thread::sleep_for(std::chrono::milliseconds(c.resume_after_ms));
         for (const std::string& e : targets) {
-          auto st = GetJson(e, "/debug/state");
+          auto st = GetJson(e, "/debug/state", o.auth_token);
           if (!st.ok() || !(*st)["engine"].is_object()) continue;
           const std::string state = (*st)["engine"].value("state", "");
           const char* back = state == "paused" ? "resume"
                              : (state == "sleeping" || state == "kv_released") ? "wake_up"
                                                                               : nullptr;
           if (back == nullptr) continue;
-          ControlOutcome r = Call(e, back, {}, Since(t0));
-          std::lock_guard<std::mutex> lock(controls_mu);
+          ControlOutcome r = Call(e, o.auth_token, back, {}, Since(t0));
+          MutexLock lock(&controls_mu);
           rep.controls.push_back(r);
         }
       }
@@ -425,7 +454,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   });
   // Progress, once a second (one line rewritten on a terminal).
   const bool tty = isatty(2) != 0;
-  while (done.load() < o.requests) {
+  while (done.load() < o.requests && clients_left.load() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     static thread_local double last = 0;
     const double now_s = Since(t0);
@@ -445,7 +474,10 @@ LoadReport RunLoad(const LoadOptions& o) {
   if (o.progress && tty) std::fprintf(stderr, "\n");
 
   std::vector<double> ttft, tpot, e2e;
+  rep.requests = 0;
   for (uint32_t i = 0; i < o.requests; ++i) {
+    if (!started[i]) continue;
+    ++rep.requests;
     const Outcome& x = outcomes[i];
     switch (x.fate) {
       case Fate::kOk:
@@ -459,6 +491,9 @@ LoadReport RunLoad(const LoadOptions& o) {
       case Fate::kDisconnected: ++rep.disconnected; break;
       case Fate::kFailed:
         ++rep.failed;
+        if (x.why.rfind("no response", 0) == 0 || x.why.rfind("stream cut off", 0) == 0) {
+          ++rep.cut_off;
+        }
         if (rep.failures.size() < 10) {
           rep.failures.push_back("request " + std::to_string(i) + ": " + x.why);
         }
@@ -468,7 +503,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   rep.ttft_s = Summarize(ttft);
   rep.tpot_s = Summarize(tpot);
   rep.e2e_s = Summarize(e2e);
-  rep.requests_per_s = rep.duration_s > 0 ? o.requests / rep.duration_s : 0;
+  rep.requests_per_s = rep.duration_s > 0 ? rep.requests / rep.duration_s : 0;
   rep.output_tokens_per_s = rep.duration_s > 0 ? rep.output_tokens / rep.duration_s : 0;
   check("load finished (every request: output or a clean error)", rep.failed == 0,
         std::to_string(rep.failed) + " failed");
@@ -480,7 +515,7 @@ LoadReport RunLoad(const LoadOptions& o) {
     int64_t last_blocks = -1;
     bool idle = false;
     while (Since(idle_t0) < o.idle_timeout_s) {
-      auto st = GetJson(e, "/debug/state");
+      auto st = GetJson(e, "/debug/state", o.auth_token);
       if (st.ok()) {
         const json& eng = (*st)["engine"];
         last_blocks = eng.is_object() ? eng.value("blocks_used", int64_t{-1}) : -1;
@@ -613,6 +648,7 @@ std::string LoadReportJson(const LoadReport& r) {
               {"clean_errors", r.clean_errors},
               {"disconnected", r.disconnected},
               {"failed", r.failed},
+              {"cut_off", r.cut_off},
               {"failures", r.failures},
               {"duration_s", r.duration_s},
               {"requests_per_s", r.requests_per_s},

@@ -41,7 +41,15 @@ struct LoadOptions {
   uint32_t probes = 8;
   double request_timeout_s = 120;
   double idle_timeout_s = 60;
+  // > 0: start no request after this long (`kvrelay chaos`: a load that
+  // spans a fault); LoadReport::requests is then the number started.
+  double duration_s = 0;
+  // A client whose request ended with an error (or no response) waits
+  // this long before its next one, as a real client backs off; 0: at once.
+  double error_backoff_s = 0;
   bool progress = true;
+  std::string auth_token;   // signs admin calls and /debug reads
+  std::string auth_token_file;  // --auth-token-file; RunLoadCommand reads it into auth_token
 };
 
 struct Percentiles {
@@ -73,6 +81,8 @@ struct LoadReport {
   uint32_t clean_errors = 0;        // HTTP error or finish_reason abort/error
   uint32_t disconnected = 0;        // the client left on purpose
   uint32_t failed = 0;              // hung, cut off, malformed, wrong output
+  uint32_t cut_off = 0;             // of `failed`: no response, or the stream cut off
+                                    // before [DONE] (what a killed server does)
   std::vector<std::string> failures;  // the first few, with why
   double duration_s = 0;
   double requests_per_s = 0, output_tokens_per_s = 0;

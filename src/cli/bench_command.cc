@@ -4,6 +4,8 @@
 #include "bench/core_bench.h"
 #include "bench/load_gen.h"
 #include "cli/commands.h"
+#include "cli/transfer_bench.h"
+#include "runtime/auth_token.h"
 
 namespace kvrelay::cli {
 
@@ -18,10 +20,11 @@ void RegisterBench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   auto opt = std::make_shared<CoreBenchOptions>();
+  auto core_json = std::make_shared<std::string>();
   auto* core = bench->add_subcommand(
       "core",
-      "Send-table inputs per second with few and many transfers in flight, "
-      "and their ratio (the O(1) claim as a number)");
+      "Send-table and load-table inputs per second with few and many transfers in flight, "
+      "and their ratios (the O(1) claim as a number); the simulator's schedules per second");
   core->add_option("--in-flight", opt->in_flight,
                    "Transfers held in flight, one measurement each")
       ->capture_default_str();
@@ -32,15 +35,82 @@ void RegisterBench(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
   core->add_option("--seed", opt->seed, "Seed for transfer ids")->capture_default_str();
-  core->callback([opt] {
+  core->add_option("--sim-seeds", opt->sim_seeds,
+                   "Simulator seeds 1..N run in-process for schedules/s (0: skip)")
+      ->capture_default_str();
+  core->add_option("--json", *core_json, "also write the report as JSON to this file");
+  core->add_flag("!--no-send", opt->send_table, "Skip the send table");
+  core->add_flag("!--no-load", opt->load_table, "Skip the load table");
+  core->callback([opt, core_json] {
     std::printf("kvrelay bench core: %llu inputs per round, best of %d, seed %llu\n",
                 static_cast<unsigned long long>(opt->ops_per_round), opt->rounds,
                 static_cast<unsigned long long>(opt->seed));
     std::fflush(stdout);
-    auto rows = RunCoreBench(*opt);
-    std::fputs(FormatCoreBench(rows).c_str(), stdout);
+    const CoreBenchReport report = RunCoreBench(*opt);
+    std::fputs(FormatCoreBench(report).c_str(), stdout);
+    if (!core_json->empty()) {
+      FILE* f = std::fopen(core_json->c_str(), "w");
+      if (f == nullptr) {
+        std::fprintf(stderr, "kvrelay: cannot write %s\n", core_json->c_str());
+        SetExitCode(1);
+        return;
+      }
+      const std::string j = CoreBenchJson(report, *opt);
+      std::fwrite(j.data(), 1, j.size(), f);
+      std::fclose(f);
+    }
+    if (report.sim.failed > 0) SetExitCode(1);
   });
   RegisterLoadOptions(bench);
+  RegisterTransferBench(bench);
+}
+
+void RegisterTransferBench(CLI::App* bench) {
+  auto o = std::make_shared<TransferBenchOptions>();
+  auto* cmd = bench->add_subcommand(
+      "transfer",
+      "KV hand-off bandwidth and latency through real P and D processes, each size beside the "
+      "raw mechanism (memcpy into a shared mapping, a socket stream, a UCX put) measured in the "
+      "same run, plus one-block latency against a bare ZeroMQ round trip");
+  cmd->add_option("--transports", o->transports, "shm, tcp, ucx")->capture_default_str();
+  cmd->add_option("--model-shape", o->shape, "model shape of the KV (tiny | small | 8b)")
+      ->capture_default_str();
+  cmd->add_option("--sizes", o->sizes_blocks, "transfer sizes, in blocks")->capture_default_str();
+  cmd->add_option("--pool-blocks", o->pool_blocks,
+                  "blocks in each engine's pool and in the baselines' (0: 4 x the largest size, "
+                  "at least 256)")
+      ->capture_default_str();
+  cmd->add_option("--bytes-per-size", o->bytes_per_size,
+                  "transfers per size: enough to move this many bytes")
+      ->capture_default_str();
+  cmd->add_option("--min-transfers", o->min_transfers, "fewest transfers per size")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 100000u));
+  cmd->add_option("--max-transfers", o->max_transfers, "most transfers per size")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 100000u));
+  cmd->add_option("--latency-samples", o->latency_samples,
+                  "one-block pulls per transport for the latency figures (0: skip)")
+      ->capture_default_str();
+  cmd->add_option("--latency-shape", o->latency_shape, "model shape for the one-block latency")
+      ->capture_default_str();
+  cmd->add_option("--abort-probes", o->abort_probes,
+                  "per transport: abort a P leg under the demo's load and time D's answer "
+                  "(0: skip)")
+      ->capture_default_str();
+  cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
+      ->capture_default_str();
+  cmd->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for kvrelay and the UCX baseline");
+  cmd->add_option("--logs", o->logs, "folder for the engines' logs")->capture_default_str();
+  cmd->add_option("--json", o->json_path, "write the results as JSON to this file (- for stdout)");
+  cmd->add_option("--plot", o->plot_path, "draw bandwidth against size into this PNG (gnuplot)");
+  cmd->add_option("--seed", o->seed, "seed for the prompts")->capture_default_str();
+  cmd->callback([o] {
+    if (Status s = RunTransferBench(*o); !s.ok()) {
+      std::fprintf(stderr, "bench transfer: %s\n", s.ToString().c_str());
+      SetExitCode(1);
+    }
+  });
 }
 
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
@@ -70,11 +140,22 @@ void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* contr
                   "how long engines may take to go idle after the load")
       ->capture_default_str();
   cmd->add_option("--json", *json_path, "also write the report as JSON to this file");
+  cmd->add_option("--auth-token-file", o->auth_token_file,
+                  "shared secret (chmod 600) the engines were started with: signs lifecycle "
+                  "calls and /debug/state reads");
 }
 
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
                    const std::string& json_path) {
   LoadOptions o = base;
+  if (!o.auth_token_file.empty()) {
+    Result<std::string> token = runtime::LoadAuthToken(o.auth_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "kvrelay: %s\n", token.status().message().c_str());
+      return 2;
+    }
+    o.auth_token = *token;
+  }
   for (const std::string& c : controls) {
     Result<ControlCall> call = ParseControlCall(c);
     if (!call.ok()) {

@@ -16,12 +16,14 @@ void RegisterRouter(CLI::App& app);
 
 // `bench load`'s flags and runner, shared with `demo`.
 void RegisterLoadOptions(CLI::App* bench);
+void RegisterTransferBench(CLI::App* bench);
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
                   std::string* json_path);
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
                    const std::string& json_path);
 void RegisterDemo(CLI::App& app);
 void RegisterMatrix(CLI::App& app);
+void RegisterChaos(CLI::App& app);
 
 // The process exit code chosen by the subcommand that ran (0 by default).
 int ExitCode();

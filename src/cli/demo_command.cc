@@ -32,6 +32,7 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
   c.d_tp = d.d_tp;
   c.num_blocks = d.num_blocks;
   c.step_per_token_us = d.step_per_token_us;
+  c.auth_token_file = load_base.auth_token_file;  // engines and router get it too
   std::printf("kvrelay demo: 1P1D on loopback, transport %s, model shape %s, P tp %u, D tp %u, "
               "logs in %s\n",
               c.transport.c_str(), c.shape.c_str(), c.p_tp, c.d_tp, c.logs.c_str());

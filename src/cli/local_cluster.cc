@@ -65,8 +65,8 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   }
   const std::string self = SelfPath();
   auto start = [&](std::string name, std::vector<std::string> args, std::string url) -> Status {
-    Proc p{name, url, std::make_unique<ChildProcess>()};
-    if (!p.child->Start(args, o.logs + "/" + name + ".log")) {
+    Proc p{name, url, std::make_unique<ChildProcess>(), args, o.logs + "/" + name + ".log"};
+    if (!p.child->Start(args, p.log)) {
       return Status(StatusCode::kUnavailable, "cannot start " + name);
     }
     procs_.push_back(std::move(p));
@@ -84,6 +84,10 @@ Status LocalCluster::Start(const ClusterOptions& o) {
       a.push_back(std::to_string(o.num_blocks));
     }
     a.insert(a.end(), o.engine_args.begin(), o.engine_args.end());
+    if (!o.auth_token_file.empty()) {
+      a.push_back("--auth-token-file");
+      a.push_back(o.auth_token_file);
+    }
     const std::string url = "http://127.0.0.1:" + std::to_string(port);
     (role[0] == 'p' ? p_urls_ : d_urls_).push_back(url);
     return start(std::string(role) + std::to_string(index), a, url);
@@ -97,6 +101,10 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   const uint16_t rport = FreePort();
   router_url_ = "http://127.0.0.1:" + std::to_string(rport);
   std::vector<std::string> ra = {self, "router", "--port", std::to_string(rport)};
+  if (!o.auth_token_file.empty()) {
+    ra.push_back("--auth-token-file");
+    ra.push_back(o.auth_token_file);
+  }
   for (const auto& u : p_urls_) {
     ra.push_back("--prefill");
     ra.push_back(u);
@@ -105,6 +113,7 @@ Status LocalCluster::Start(const ClusterOptions& o) {
     ra.push_back("--decode");
     ra.push_back(u);
   }
+  ra.insert(ra.end(), o.router_args.begin(), o.router_args.end());
   if (Status s = start("router", ra, router_url_); !s.ok()) return s;
   for (Proc& p : procs_) {
     if (!WaitHealthy(p.url, *p.child, 60)) {
@@ -112,6 +121,41 @@ Status LocalCluster::Start(const ClusterOptions& o) {
                                                   p.child->Describe() + "); its log:\n" +
                                                   p.child->Tail(20));
     }
+  }
+  return Status::Ok();
+}
+
+LocalCluster::Proc* LocalCluster::Find(const std::string& name) {
+  for (Proc& p : procs_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+pid_t LocalCluster::Pid(const std::string& name) {
+  Proc* p = Find(name);
+  return p != nullptr && p->child->Running() ? p->child->pid() : -1;
+}
+
+Status LocalCluster::Kill(const std::string& name) {
+  Proc* p = Find(name);
+  if (p == nullptr) return NotFoundError("no process " + name);
+  p->child->Kill();
+  return Status::Ok();
+}
+
+Status LocalCluster::Restart(const std::string& name, double timeout_s) {
+  Proc* p = Find(name);
+  if (p == nullptr) return NotFoundError("no process " + name);
+  if (p->child->Running()) return FailedPreconditionError(name + " is still running");
+  p->child = std::make_unique<ChildProcess>();
+  if (!p->child->Start(p->argv, p->log)) {
+    return Status(StatusCode::kUnavailable, "cannot restart " + name);
+  }
+  if (!WaitHealthy(p->url, *p->child, timeout_s)) {
+    return Status(StatusCode::kUnavailable, "the restarted " + name + " did not come up (" +
+                                                p->child->Describe() + "); its log:\n" +
+                                                p->child->Tail(20));
   }
   return Status::Ok();
 }

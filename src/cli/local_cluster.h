@@ -23,6 +23,8 @@ struct ClusterOptions {
   uint32_t num_blocks = 0;          // 0: serve's default
   double step_per_token_us = 20;
   std::vector<std::string> engine_args;   // extra `serve` flags for every engine
+  std::string auth_token_file;            // --auth-token-file for every engine and the router
+  std::vector<std::string> router_args;   // extra `router` flags
 };
 
 class LocalCluster {
@@ -35,6 +37,13 @@ class LocalCluster {
   // one line describing how each exited; *clean says all exited 0.
   std::string Stop(bool* clean = nullptr);
 
+  // Fault drills (`kvrelay chaos`), by process name: "prefill<i>",
+  // "decode<i>", "router". Pid: -1 if not running. Kill: SIGKILL, reaped.
+  // Restart: the same command line (same ports), waits for /health.
+  pid_t Pid(const std::string& name);
+  Status Kill(const std::string& name);
+  Status Restart(const std::string& name, double timeout_s);
+
   const std::string& router_url() const { return router_url_; }
   const std::vector<std::string>& p_urls() const { return p_urls_; }
   const std::vector<std::string>& d_urls() const { return d_urls_; }
@@ -43,7 +52,10 @@ class LocalCluster {
   struct Proc {
     std::string name, url;
     std::unique_ptr<ChildProcess> child;
+    std::vector<std::string> argv;  // to restart it
+    std::string log;
   };
+  Proc* Find(const std::string& name);
   std::vector<Proc> procs_;
   std::string router_url_;
   std::vector<std::string> p_urls_, d_urls_;

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvrelay::cli::RegisterRouter(app);
   kvrelay::cli::RegisterDemo(app);
   kvrelay::cli::RegisterMatrix(app);
+  kvrelay::cli::RegisterChaos(app);
   CLI11_PARSE(app, argc, argv);
   return kvrelay::cli::ExitCode();
 }

@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "cli/local_cluster.h"
+#include "runtime/auth_token.h"
 #include "sim/matrix.h"
 
 namespace kvrelay::cli {
@@ -38,6 +39,7 @@ struct MatrixOptions {
   std::string logs;
   std::string json_path;
   uint64_t seed = 1;
+  std::string auth_token_file;
 };
 
 const char* Mode(engine::PauseMode m) {
@@ -95,6 +97,15 @@ struct Row {
 };
 
 int RunMatrix(const MatrixOptions& m) {
+  std::string auth_token;
+  if (!m.auth_token_file.empty()) {
+    Result<std::string> token = runtime::LoadAuthToken(m.auth_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "kvrelay matrix: %s\n", token.status().message().c_str());
+      return 2;
+    }
+    auth_token = *token;
+  }
   std::vector<sim::ScenarioPlan> all = sim::MatrixCases();
   std::vector<std::pair<int, sim::ScenarioPlan>> chosen;
   if (m.cases.empty()) {
@@ -143,6 +154,7 @@ int RunMatrix(const MatrixOptions& m) {
     co.p_tp = m.p_tp;
     co.d_tp = m.d_tp;
     co.step_per_token_us = m.step_per_token_us;
+    co.auth_token_file = m.auth_token_file;
     LocalCluster cluster;
     Status s = cluster.Start(co);
     if (!s.ok()) {
@@ -151,6 +163,7 @@ int RunMatrix(const MatrixOptions& m) {
     } else {
       LoadOptions o;
       o.url = cluster.router_url();
+      o.auth_token = auth_token;
       o.requests = m.requests;
       o.concurrency = m.concurrency;
       o.seed = m.seed + static_cast<uint64_t>(index);
@@ -282,6 +295,9 @@ void RegisterMatrix(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--logs", m->logs, "folder for the processes' logs");
   cmd->add_option("--json", m->json_path, "also write the table as JSON");
+  cmd->add_option("--auth-token-file", m->auth_token_file,
+                  "shared secret (chmod 600) for every engine and the router; lifecycle calls "
+                  "are signed with it");
   cmd->callback([m] { SetExitCode(RunMatrix(*m)); });
 }
 

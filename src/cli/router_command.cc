@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "router/engine_pool.h"
 #include "router/router_server.h"
+#include "runtime/auth_token.h"
 #include "runtime/clock.h"
 
 namespace kvrelay::cli {
@@ -26,6 +27,7 @@ struct RouterCliOptions {
   uint16_t port = 8000;
   uint32_t max_inflight = 4096;
   size_t max_body_bytes = size_t{1} << 20;
+  uint32_t max_requests_per_client = 1024;
   uint32_t http_threads = 0;
   double discovery_timeout_s = 30;
   double connect_timeout_s = 3;
@@ -34,6 +36,7 @@ struct RouterCliOptions {
   double commit_wait_ms = 1000;
   double recheck_interval_ms = 1000;
   double drain_timeout_s = 5;
+  std::string auth_token_file;
 };
 
 Duration Seconds(double s) { return Duration::Nanoseconds(static_cast<int64_t>(s * 1e9)); }
@@ -60,6 +63,17 @@ int RunRouter(const RouterCliOptions& o) {
                  "kvrelay router: --max-inflight, --max-body-bytes and the timeouts must be "
                  "positive\n");
     return 2;
+  }
+  if (!o.auth_token_file.empty()) {
+    // The router has no admin calls and reads only the engines' open
+    // endpoints (/kv_info, /v1/models, /health); the file is checked so one
+    // cluster configuration can hand every process the same flag, and a
+    // bad file fails here as it would on an engine (docs/operations.md).
+    Result<std::string> token = runtime::LoadAuthToken(o.auth_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "kvrelay router: %s\n", token.status().message().c_str());
+      return 2;
+    }
   }
   const Duration fetch_timeout = Seconds(o.connect_timeout_s);
   Result<std::shared_ptr<router::EnginePool>> pool = router::EnginePool::Create(
@@ -102,6 +116,7 @@ int RunRouter(const RouterCliOptions& o) {
   ro.port = o.port;
   ro.max_inflight = o.max_inflight;
   ro.max_body_bytes = o.max_body_bytes;
+  ro.max_requests_per_client = o.max_requests_per_client;
   ro.http_threads = o.http_threads;
   ro.relay.upstream.connect_timeout = Seconds(o.connect_timeout_s);
   ro.relay.upstream.idle_timeout = Seconds(o.upstream_idle_timeout_s);
@@ -148,6 +163,9 @@ void RegisterRouter(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "largest request body; more get 413")
       ->capture_default_str();
+  cmd->add_option("--max-requests-per-client", o->max_requests_per_client,
+                  "client requests at once per remote address; more get 429 (0: no limit)")
+      ->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads,
                   "most HTTP connections served at once (0: --max-inflight + 64)")
       ->capture_default_str();
@@ -174,6 +192,9 @@ void RegisterRouter(CLI::App& app) {
   cmd->add_option("--drain-timeout-s", o->drain_timeout_s,
                   "at shutdown, how long to wait for cancelled legs to end")
       ->capture_default_str();
+  cmd->add_option("--auth-token-file", o->auth_token_file,
+                  "the cluster's shared secret (chmod 600); checked at start. The router has "
+                  "no admin calls of its own and uses only the engines' open endpoints");
   cmd->callback([o] { SetExitCode(RunRouter(*o)); });
 }
 

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "runtime/clock.h"
+#include "runtime/auth_token.h"
 #include "server/engine_server.h"
 
 namespace kvrelay::cli {
@@ -39,7 +40,12 @@ struct ServeCliOptions {
   double peer_dead_after_s = 10;
   std::string load_failure_policy = "recompute";
   uint32_t http_threads = 512;
+  size_t max_body_bytes = size_t{1} << 20;
+  uint32_t max_prompt_tokens = 0;
+  uint32_t max_requests_per_client = 8192;
   bool no_prefix_caching = false;
+  net::WriteFaultOptions write_faults;  // fault drills (`kvrelay chaos`)
+  std::string auth_token_file;
 };
 
 int RunServe(const ServeCliOptions& o) {
@@ -86,6 +92,14 @@ int RunServe(const ServeCliOptions& o) {
   eo.prefix_caching = !o.no_prefix_caching;
   eo.step_base = Duration::Nanoseconds(static_cast<int64_t>(o.step_base_us * 1e3));
   eo.step_per_token = Duration::Nanoseconds(static_cast<int64_t>(o.step_per_token_us * 1e3));
+  if (!o.auth_token_file.empty()) {
+    Result<std::string> token = runtime::LoadAuthToken(o.auth_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "kvrelay serve: %s\n", token.status().message().c_str());
+      return 2;
+    }
+    no.auth_token = *token;
+  }
   no.listen_host = o.host;
   no.advertise_host = o.advertise_host.empty() ? o.host : o.advertise_host;
   no.ctrl_port = static_cast<uint16_t>(o.ctrl_port >= 0 ? o.ctrl_port : o.port + 1000);
@@ -96,9 +110,17 @@ int RunServe(const ServeCliOptions& o) {
   no.abort_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.abort_timeout_s * 1e9));
   no.giveup_grace = Duration::Nanoseconds(static_cast<int64_t>(o.giveup_grace_s * 1e9));
   no.peer_dead_after = Duration::Nanoseconds(static_cast<int64_t>(o.peer_dead_after_s * 1e9));
+  no.write_faults = o.write_faults;
   so.http_host = o.host;
   so.http_port = o.port;
   so.http_threads = o.http_threads;
+  if (o.max_body_bytes == 0) {
+    std::fprintf(stderr, "kvrelay serve: --max-body-bytes must be at least 1\n");
+    return 2;
+  }
+  so.max_body_bytes = o.max_body_bytes;
+  so.max_prompt_tokens = o.max_prompt_tokens;
+  so.max_requests_per_client = o.max_requests_per_client;
 
   // Signals are taken by a thread that waits for them, not a handler.
   sigset_t set;
@@ -181,7 +203,36 @@ void RegisterServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP connections served at once")
       ->capture_default_str();
+  cmd->add_option("--max-body-bytes", o->max_body_bytes,
+                  "largest request body; more get 413")
+      ->capture_default_str();
+  cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
+                  "longest prompt in tokens; more get 400 (0: the model's context - 1)")
+      ->capture_default_str();
+  cmd->add_option("--max-requests-per-client", o->max_requests_per_client,
+                  "completions at once per remote address; more get 429 (0: no limit)")
+      ->capture_default_str();
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "disable the prefix cache");
+  cmd->add_option("--auth-token-file", o->auth_token_file,
+                  "shared secret (a file only its owner may read, chmod 600): control-channel "
+                  "peers and admin calls (/pause, ..., /debug/*) must prove it (HMAC over a "
+                  "nonce); default: no authentication");
+  // Fault drills only (`kvrelay chaos`): this engine's data-plane writes
+  // fail half-way (net/faulty_transport.h).
+  const char* drills = "Fault drills (kvrelay chaos; never in production)";
+  cmd->add_option("--debug-fail-writes-probability", o->write_faults.probability,
+                  "each KV write fails with this probability after writing half its bytes "
+                  "(0: off)")
+      ->group(drills)
+      ->capture_default_str();
+  cmd->add_option("--debug-fail-writes-after-bytes", o->write_faults.after_bytes,
+                  "failures start once this many KV bytes were written")
+      ->group(drills)
+      ->capture_default_str();
+  cmd->add_option("--debug-fail-writes-seed", o->write_faults.seed,
+                  "seed of the failure draws (a run replays)")
+      ->group(drills)
+      ->capture_default_str();
   cmd->callback([o] { SetExitCode(RunServe(*o)); });
 }
 

@@ -24,6 +24,7 @@ struct ClaimOp {
   TransferId transfer;
   uint32_t consumer_tp = 1;
   uint64_t prompt_hash = 0;
+  uint32_t consumer_engine = UINT32_MAX;  // UINT32_MAX: the first D engine to pull
 };
 // P: its prefill finished; these blocks (same ids on every rank) hold it.
 struct ReadyOp {

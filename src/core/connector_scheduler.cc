@@ -28,7 +28,7 @@ Status ConnectorScheduler::AdmitRequest(RequestId request,
     requests_.emplace(request, Entry{Phase::kClaimed, params});
     sending_.emplace(params.transfer, request);
     pending_.claims.push_back(
-        ClaimOp{params.transfer, params.remote_tp, params.prompt_hash});
+        ClaimOp{params.transfer, params.remote_tp, params.prompt_hash, params.consumer_engine});
     return Status::Ok();
   }
   if (params.do_remote_prefill) {

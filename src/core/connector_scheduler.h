@@ -51,6 +51,10 @@ struct KvTransferParams {
   bool do_remote_prefill = false;  // D: load the KV from a remote prefiller
   uint32_t remote_engine = 0;      // D: the producer engine
   uint32_t remote_tp = 1;          // D: producer tp; P: consumer tp
+  // P: the D engine the KV is handed to (kv_transfer_params
+  // consumer_engine_id); UINT32_MAX: not named, the first D engine to pull
+  // binds it (SendTable::Claim).
+  uint32_t consumer_engine = UINT32_MAX;
   // Fingerprint of the prompt's tokens, computed by each engine from the
   // prompt it has; P and D must agree or the pull is refused.
   uint64_t prompt_hash = 0;

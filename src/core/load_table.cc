@@ -50,21 +50,31 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
     loads_.emplace_back();
   }
   Load& load = loads_[slot];
+  // A fresh record that keeps the slot's vectors' capacity: no allocation
+  // per load once the slab is warm.
+  std::vector<Producer> producers_buf = std::move(load.producers);
+  std::vector<BlockId> dst_buf = std::move(load.dst);
   load = Load{};
+  producers_buf.clear();
+  load.producers = std::move(producers_buf);
+  dst_buf.assign(dst.begin(), dst.end());
+  load.dst = std::move(dst_buf);
   load.used = true;
   load.request = request;
   load.transfer = transfer;
   load.prompt_hash = prompt_hash;
-  load.dst = dst;
   load.started = now;
   load.giveup = now + options_.abort_timeout + options_.giveup_grace;
   load.unanswered = static_cast<uint32_t>(producers.size());
-  for (const PeerId& peer : producers) {
+  for (size_t k = 0; k < producers.size(); ++k) {
     Producer p;
-    p.peer = peer;
+    p.peer = producers[k];
     p.pull_seq = NextSeq(false);
     load.producers.push_back(p);
-    actions_.push_back(SendPull{peer, p.pull_seq, transfer, dst, prompt_hash});
+    // The last pull takes `dst` itself; the others copy it.
+    actions_.push_back(SendPull{p.peer, p.pull_seq, transfer,
+                                k + 1 == producers.size() ? std::move(dst) : dst,
+                                prompt_hash});
   }
   by_transfer_.emplace(transfer, slot);
   by_request_.emplace(request, slot);

@@ -53,6 +53,7 @@
 #include <variant>
 #include <vector>
 
+#include "base/flat_map.h"
 #include "base/status.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
@@ -230,8 +231,8 @@ class LoadTable {
   const LoadTableOptions options_;
   std::vector<Load> loads_;
   uint32_t free_loads_ = kNil;
-  std::unordered_map<TransferId, uint32_t> by_transfer_;
-  std::unordered_map<RequestId, uint32_t> by_request_;
+  FlatMap<TransferId, uint32_t> by_transfer_;
+  FlatMap<RequestId, uint32_t> by_request_;
   TimerHeap giveup_;  // key: load slot
   uint64_t next_seq_ = 1;
   std::deque<LoadAction> actions_;

@@ -65,7 +65,7 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
   if (producer()) {
     for (const ClaimOp& op : meta.claims) {
       const uint32_t need = ConsumersPerProducer(options_.tp, op.consumer_tp);
-      if (!send_->Claim(op.transfer, need, now, op.prompt_hash).ok()) {
+      if (!send_->Claim(op.transfer, need, now, op.prompt_hash, op.consumer_engine).ok()) {
         ++stats_.claim_refused;
       }
     }

@@ -18,7 +18,7 @@ SendTable::SendTable(const SendTableOptions& options) : options_(options) {
 // Inputs from P's engine.
 
 Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
-                        uint64_t prompt_hash) {
+                        uint64_t prompt_hash, uint32_t consumer_engine) {
   KV_CHECK_GE(need, 1u);
   PruneTombstones(now);
   ++stats_.claims;
@@ -42,12 +42,18 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
     send.claimed = true;
     send.need = need;
     send.prompt_hash = prompt_hash;
+    if (consumer_engine != kAnyConsumerEngine) send.consumer = consumer_engine;
     expiry_.Cancel(it->second);
-    // Pulls that arrived first for another prompt under this id are refused.
+    // Pulls that arrived first for another prompt under this id, or from
+    // another D engine than the one it is handed to, are refused.
     uint32_t i = send.items.head;
     while (i != kNil) {
       const uint32_t next = items_[i].in_send.next;
-      if (!PromptMatches(prompt_hash, items_[i].prompt_hash)) {
+      if (send.consumer != kAnyConsumerEngine &&
+          PeerEngineOf(items_[i].peer) != send.consumer) {
+        ++stats_.refused_wrong_engine;
+        AnswerItem(i, TransferResult::kRejected);
+      } else if (!PromptMatches(prompt_hash, items_[i].prompt_hash)) {
         ++stats_.prompt_mismatch;
         AnswerItem(i, TransferResult::kRejected);
       }
@@ -69,6 +75,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
   sends_[s].claimed = true;
   sends_[s].need = need;
   sends_[s].prompt_hash = prompt_hash;
+  sends_[s].consumer = consumer_engine;
   return Status::Ok();
 }
 
@@ -187,7 +194,8 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
   }
   // Pass 1: everything that can be answered now is answered now, before any
   // write of this batch is admitted — releases, ended transfers, bad items.
-  std::vector<const PullItem*> rest;
+  std::vector<const PullItem*>& rest = pull_rest_;  // reused: no allocation per pull
+  rest.clear();
   for (const PullItem& item : items) {
     ++stats_.pull_items;
     const uint64_t key = ItemKey(peer, pull_seq, item.transfer);
@@ -241,6 +249,10 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
       ++stats_.placeholders;
       expiry_.Arm(s, now + options_.abort_timeout);
     }
+    if (!BindConsumer(s, peer)) {
+      Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
+      continue;
+    }
     if (sends_[s].claimed &&
         !PromptMatches(sends_[s].prompt_hash, item->prompt_hash)) {
       ++stats_.prompt_mismatch;
@@ -267,6 +279,12 @@ void SendTable::HandleRelease(const PullItem& item, PeerId peer, uint64_t seq,
   ++stats_.releases;
   const TransferId t = item.transfer;
   auto it = index_.find(t);
+  if (it != index_.end() && sends_[it->second].state != SendState::kDone &&
+      !BindConsumer(it->second, peer)) {
+    // Another D engine's release must not end this send.
+    Answer(peer, seq, t, TransferResult::kRejected);
+    return;
+  }
   if (it != index_.end() && sends_[it->second].claimed &&
       !PromptMatches(sends_[it->second].prompt_hash, item.prompt_hash)) {
     // A release for another prompt under this id must not end this send.
@@ -328,6 +346,7 @@ void SendTable::OnTimer(Instant now) {
   while (auto s = expiry_.PopExpired(now)) {
     KV_CHECK(sends_[*s].used);
     KV_CHECK(sends_[*s].state != SendState::kDone);
+    if (!sends_[*s].claimed) ++stats_.unknown_transfer_expired;
     EndSend(*s, TransferResult::kExpired, now);
   }
   while (auto i = deadlines_.PopExpired(now)) {
@@ -428,9 +447,10 @@ void SendTable::AdmitWrites(Instant now) {
     KV_CHECK_LE(item.dst.size(), send.blocks.size());
     std::vector<BlockId> src(send.blocks.end() - static_cast<std::ptrdiff_t>(item.dst.size()),
                              send.blocks.end());
+    // The writer takes the item's dst: a writing item never reads it again.
     actions_.push_back(StartWrite{WriteId{i, item.generation}, item.peer,
                                   item.pull_seq, send.transfer, std::move(src),
-                                  item.dst, item.deadline});
+                                  std::move(item.dst), item.deadline});
   }
 }
 
@@ -448,6 +468,18 @@ void SendTable::OnItemDeadline(uint32_t i, Instant now) {
 
 // ---------------------------------------------------------------------------
 // Slabs, lists, answers, tombstones.
+
+bool SendTable::BindConsumer(uint32_t s, PeerId peer) {
+  Send& send = sends_[s];
+  const uint32_t engine = PeerEngineOf(peer);
+  if (send.consumer == kAnyConsumerEngine) {
+    send.consumer = engine;
+    return true;
+  }
+  if (send.consumer == engine) return true;
+  ++stats_.refused_wrong_engine;
+  return false;
+}
 
 uint32_t SendTable::NewSend(TransferId transfer, Instant now) {
   uint32_t s;

@@ -82,6 +82,7 @@
 #include <variant>
 #include <vector>
 
+#include "base/flat_map.h"
 #include "base/status.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
@@ -91,6 +92,13 @@
 #include "core/transfer_result.h"
 
 namespace kvrelay {
+
+// Peer ids on the wire are engine id × this + rank (runtime and simulator
+// agree); the send table needs the engine to bind a transfer to one D engine.
+inline constexpr uint32_t kPeerRanksPerEngine = 8;
+inline uint32_t PeerEngineOf(PeerId peer) { return peer.index / kPeerRanksPerEngine; }
+// Claim()'s "no D engine named yet": the first D engine to pull binds it.
+inline constexpr uint32_t kAnyConsumerEngine = UINT32_MAX;
 
 // Names one (pull, transfer) item; it is also the id of the write that
 // serves it, so a write completion names exactly the item it belongs to.
@@ -200,6 +208,11 @@ struct SendTableStats {
   uint64_t prompt_mismatch = 0;   // pulls refused: another prompt's transfer
   uint64_t duplicate_items = 0;   // resent while still live: ignored
   uint64_t reanswered = 0;        // resent after the answer: same answer again
+  // Access control (docs/design.md, "Access control"): pull items refused
+  // because another D engine's pull (or the claim) bound the transfer, and
+  // placeholders that expired without P ever claiming their transfer.
+  uint64_t refused_wrong_engine = 0;
+  uint64_t unknown_transfer_expired = 0;
 };
 
 class SendTable {
@@ -211,11 +224,15 @@ class SendTable {
   // P's scheduler admits a request that will be decoded remotely. `need` is
   // the number of D ranks that must pull from this P rank (>= 1).
   // `prompt_hash` fingerprints the prompt (0: pulls are not checked).
+  // `consumer_engine`: the D engine the transfer is handed to, if known
+  // (else the first D engine whose pull or release names it binds it).
+  // Pulls and releases from any other D engine are refused (kRejected) and
+  // counted; pulls that arrived first from another engine are refused now.
   // Errors: kAlreadyExists if a live send has this id (the first one is
   // untouched); kCancelled if the transfer already ended (D released it
   // before P saw it); kResourceExhausted over max_sends.
   Status Claim(TransferId transfer, uint32_t need, Instant now,
-               uint64_t prompt_hash = 0);
+               uint64_t prompt_hash = 0, uint32_t consumer_engine = kAnyConsumerEngine);
 
   // Prefill finished: P hands over the request's blocks (in prompt order).
   // On OK the table owns the hold and will emit SendFinished exactly once.
@@ -313,6 +330,7 @@ class SendTable {
     uint32_t need = 0;
     uint32_t pulled = 0;
     uint64_t prompt_hash = 0;    // set by Claim
+    uint32_t consumer = kAnyConsumerEngine;  // the D engine bound to it
     uint32_t writes_in_flight = 0;
     std::vector<BlockId> blocks;
     List items;
@@ -350,6 +368,9 @@ class SendTable {
   // Looks up how an ended transfer ended: a DONE send or a tombstone.
   std::optional<TransferResult> EndedAs(TransferId transfer) const;
   void HandleRelease(const PullItem& item, PeerId peer, uint64_t seq, Instant now);
+  // Binds send `s` to `peer`'s engine if unbound; false (counted) if it is
+  // bound to another engine.
+  bool BindConsumer(uint32_t s, PeerId peer);
 
   template <Links Item::*L>
   void ListPush(List& list, uint32_t i);
@@ -359,7 +380,7 @@ class SendTable {
   const SendTableOptions options_;
   std::vector<Send> sends_;
   uint32_t free_sends_ = kNil;
-  std::unordered_map<TransferId, uint32_t> index_;  // live records
+  FlatMap<TransferId, uint32_t> index_;  // live records
   std::vector<Item> items_;
   uint32_t free_items_ = kNil;
   size_t live_items_ = 0;
@@ -367,16 +388,17 @@ class SendTable {
   uint32_t writes_in_flight_ = 0;   // across all sends; <= num_workers
   TimerHeap expiry_;                // key: send slot
   TimerHeap deadlines_;             // key: item slot
-  std::unordered_map<TransferId, TransferResult> tombstones_;
+  FlatMap<TransferId, TransferResult> tombstones_;
   std::deque<Tombstone> tombstone_fifo_;  // creation order == expiry order
-  std::unordered_map<uint64_t, uint32_t> live_keys_;  // ItemKey → item slot
+  FlatMap<uint64_t, uint32_t> live_keys_;  // ItemKey → item slot
   struct Answered {
     uint64_t key;
     Instant at;
   };
-  std::unordered_map<uint64_t, TransferResult> answered_;  // ItemKey → answer
+  FlatMap<uint64_t, TransferResult> answered_;  // ItemKey → answer
   std::deque<Answered> answered_fifo_;                     // in answer order
   Instant now_;  // of the input being handled (answers are stamped with it)
+  std::vector<const PullItem*> pull_rest_;  // Pull()'s scratch, kept for its capacity
   std::deque<SendAction> actions_;
   SendTableStats stats_;
 };

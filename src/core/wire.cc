@@ -15,7 +15,7 @@ class Writer {
   void U16(uint16_t v) { Raw(&v, 2); }
   void U32(uint32_t v) { Raw(&v, 4); }
   void U64(uint64_t v) { Raw(&v, 8); }
-  void Bytes(const std::vector<uint8_t>& b) { out_->insert(out_->end(), b.begin(), b.end()); }
+  void Bytes(std::span<const uint8_t> b) { out_->insert(out_->end(), b.begin(), b.end()); }
 
  private:
   void Raw(const void* p, size_t n) {  // little-endian hosts only (x86, arm)
@@ -38,6 +38,13 @@ class Reader {
     out->assign(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
                 in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
     pos_ += n;
+    return true;
+  }
+  template <size_t N>
+  bool Fixed(std::array<uint8_t, N>* out) {
+    if (bad_ || in_.size() - pos_ < N) return Fail();
+    std::memcpy(out->data(), in_.data() + pos_, N);
+    pos_ += N;
     return true;
   }
   size_t left() const { return in_.size() - pos_; }
@@ -90,6 +97,9 @@ void EncodePayload(Writer& w, const HandshakeMsg& m) {
   w.U32(m.num_blocks);
   w.U32(static_cast<uint32_t>(m.registration.size()));
   w.Bytes(m.registration);
+  w.Bytes(m.nonce);
+  w.Bytes(m.echo);
+  w.Bytes(m.mac);
 }
 void EncodePayload(Writer& w, const PullMsg& m) {
   w.U64(m.pull_seq);
@@ -146,9 +156,14 @@ Result<WireMessage> DecodeHandshake(Reader& r, const WireLimits& limits) {
   if (r.bad()) return Truncated("handshake");
   if (reg > limits.max_registration_bytes) {
     return Status(StatusCode::kOutOfRange,
-                  "handshake registration of " + std::to_string(reg) + " bytes is over the limit");
+                  "handshake registration of " + std::to_string(reg) +
+                      " bytes is over the limit (max_registration_bytes " +
+                      std::to_string(limits.max_registration_bytes) + ")");
   }
   if (!r.Take(reg, &m.registration)) return Truncated("handshake registration");
+  if (!r.Fixed(&m.nonce) || !r.Fixed(&m.echo) || !r.Fixed(&m.mac)) {
+    return Truncated("handshake authentication");
+  }
   if (m.tp == 0 || m.rank >= m.tp) return InvalidArgumentError("handshake rank not below tp");
   if (m.role > 2) return InvalidArgumentError("handshake role unknown");
   if (m.transport > 2) return InvalidArgumentError("handshake transport unknown");
@@ -162,7 +177,9 @@ Result<WireMessage> DecodePull(Reader& r, const WireLimits& limits) {
   if (r.bad()) return Truncated("pull");
   if (count > limits.max_items_per_pull) {
     return Status(StatusCode::kOutOfRange,
-                  "pull with " + std::to_string(count) + " transfers is over the limit");
+                  "pull with " + std::to_string(count) +
+                      " transfers is over the limit (max_items_per_pull " +
+                      std::to_string(limits.max_items_per_pull) + ")");
   }
   // Each item takes at least 36 bytes: refuse counts the frame cannot hold
   // before reserving anything.
@@ -178,7 +195,9 @@ Result<WireMessage> DecodePull(Reader& r, const WireLimits& limits) {
     if (item.budget_ns < 0) return InvalidArgumentError("pull item with a negative budget");
     if (blocks > limits.max_blocks_per_item) {
       return Status(StatusCode::kOutOfRange,
-                    "pull item with " + std::to_string(blocks) + " blocks is over the limit");
+                    "pull item with " + std::to_string(blocks) +
+                      " blocks is over the limit (max_blocks_per_item " +
+                      std::to_string(limits.max_blocks_per_item) + ")");
     }
     if (uint64_t{blocks} * 8 > r.left()) return Truncated("pull item blocks");
     item.dst.reserve(blocks);
@@ -209,6 +228,28 @@ Result<WireMessage> DecodeAnswer(Reader& r) {
 
 }  // namespace
 
+std::string_view WireLimitName(WireLimit limit) {
+  switch (limit) {
+    case WireLimit::kFrameBytes: return "wire_frame_bytes";
+    case WireLimit::kItemsPerPull: return "wire_items_per_pull";
+    case WireLimit::kBlocksPerItem: return "wire_blocks_per_item";
+    case WireLimit::kRegistrationBytes: return "wire_registration_bytes";
+  }
+  return "wire_unknown";
+}
+
+std::optional<WireLimit> WireLimitOf(const Status& status) {
+  if (status.code() != StatusCode::kOutOfRange) return std::nullopt;
+  const std::string& m = status.message();
+  if (m.find("(max_frame_bytes ") != std::string::npos) return WireLimit::kFrameBytes;
+  if (m.find("(max_items_per_pull ") != std::string::npos) return WireLimit::kItemsPerPull;
+  if (m.find("(max_blocks_per_item ") != std::string::npos) return WireLimit::kBlocksPerItem;
+  if (m.find("(max_registration_bytes ") != std::string::npos) {
+    return WireLimit::kRegistrationBytes;
+  }
+  return std::nullopt;
+}
+
 std::vector<uint8_t> EncodeWire(const WireMessage& msg) {
   std::vector<uint8_t> out;
   Writer w(&out);
@@ -225,7 +266,9 @@ std::vector<uint8_t> EncodeWire(const WireMessage& msg) {
 Result<WireMessage> DecodeWire(std::span<const uint8_t> frame, const WireLimits& limits) {
   if (frame.size() > limits.max_frame_bytes) {
     return Status(StatusCode::kOutOfRange,
-                  "frame of " + std::to_string(frame.size()) + " bytes is over the limit");
+                  "frame of " + std::to_string(frame.size()) +
+                      " bytes is over the limit (max_frame_bytes " +
+                      std::to_string(limits.max_frame_bytes) + ")");
   }
   Reader r(frame);
   const uint32_t magic = r.U32();

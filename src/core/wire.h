@@ -8,16 +8,20 @@
 //
 // Frame (little-endian):
 //   u32 magic 'KVRL' | u16 version | u16 type | u32 payload_bytes | payload
-// Types: 1 handshake, 2 pull, 3 answer, 4 heartbeat. A decoder accepts only
+// Types: 1 handshake, 2 pull, 3 answer, 4 heartbeat. Version 2 added the
+// handshake's nonce, echo and mac (64 bytes). A decoder accepts only
 // its own version; every count and length is checked against WireLimits
 // before anything is read or allocated; trailing bytes are an error.
 //
 // Thread safety: pure functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -27,7 +31,7 @@
 namespace kvrelay {
 
 inline constexpr uint32_t kWireMagic = 0x4C52564B;  // "KVRL" in memory order
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;  // 2: handshake carries auth
 inline constexpr size_t kWireHeaderBytes = 12;
 
 enum class WireType : uint16_t { kHandshake = 1, kPull = 2, kAnswer = 3, kHeartbeat = 4 };
@@ -48,6 +52,12 @@ struct HandshakeMsg {
   uint32_t block_tokens = 0;
   uint32_t num_blocks = 0;
   std::vector<uint8_t> registration;  // transport data: segment name, rkey, ...
+  // Authentication (core/handshake_auth.h), all zeros when the sender has
+  // no token: a fresh nonce of the sender's, the peer's nonce this message
+  // answers, and HMAC-SHA256(token, the message with `mac` zeroed).
+  std::array<uint8_t, 16> nonce{};
+  std::array<uint8_t, 16> echo{};
+  std::array<uint8_t, 32> mac{};
   bool operator==(const HandshakeMsg&) const = default;
 };
 
@@ -65,6 +75,17 @@ struct WireLimits {
   uint32_t max_blocks_per_item = 1u << 16;
   uint32_t max_registration_bytes = 4096;
 };
+
+// The WireLimits a frame can be over, for counting refusals
+// (kvrelay_limit_rejections_total{limit=WireLimitName(...)}).
+enum class WireLimit : uint8_t { kFrameBytes, kItemsPerPull, kBlocksPerItem, kRegistrationBytes };
+inline constexpr int kWireLimitCount = 4;
+// "wire_frame_bytes", "wire_items_per_pull", "wire_blocks_per_item",
+// "wire_registration_bytes".
+std::string_view WireLimitName(WireLimit limit);
+// Which limit a DecodeWire error is over (its kOutOfRange message names the
+// WireLimits field); nullopt for any other error.
+std::optional<WireLimit> WireLimitOf(const Status& status);
 
 // A whole frame (header + payload) for `msg`.
 std::vector<uint8_t> EncodeWire(const WireMessage& msg);

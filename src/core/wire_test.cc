@@ -25,6 +25,12 @@ HandshakeMsg SampleHandshake() {
   h.block_tokens = 16;
   h.num_blocks = 4096;
   h.registration = {'/', 'k', 'v', 'r', 'e', 'l', 'a', 'y'};
+  for (uint8_t i = 0; i < 16; ++i) {
+    h.nonce[i] = i + 1;
+    h.echo[i] = 0xF0 ^ i;
+  }
+  h.mac[0] = 0xAB;
+  h.mac[31] = 0xCD;
   return h;
 }
 
@@ -82,7 +88,7 @@ TEST(WireTest, EverySingleByteCorruptionIsRefusedOrExact) {
 TEST(WireTest, ErrorsSayWhatIsWrong) {
   std::vector<uint8_t> frame = EncodeWire(SamplePull());
   std::vector<uint8_t> v2 = frame;
-  v2[4] = 2;
+  v2[4] = kWireVersion + 1;
   EXPECT_EQ(DecodeWire(v2, {}).status().code(), StatusCode::kFailedPrecondition);
   std::vector<uint8_t> magic = frame;
   magic[0] ^= 1;
@@ -103,6 +109,30 @@ TEST(WireTest, ErrorsSayWhatIsWrong) {
   std::vector<uint8_t> bad_result = EncodeWire(a);
   bad_result.back() = kTransferResultCount;
   EXPECT_FALSE(DecodeWire(bad_result, {}).ok());
+}
+
+// Every limit refusal says which WireLimits field it is over, so the rank
+// actor can count it (kvrelay_limit_rejections_total{limit=...}).
+TEST(WireTest, LimitRefusalsNameTheirLimit) {
+  const std::vector<uint8_t> pull = EncodeWire(SamplePull());
+  const std::vector<uint8_t> hs = EncodeWire(SampleHandshake());
+  WireLimits small;
+  small.max_items_per_pull = 1;
+  EXPECT_EQ(WireLimitOf(DecodeWire(pull, small).status()), WireLimit::kItemsPerPull);
+  small = WireLimits{};
+  small.max_blocks_per_item = 1;
+  EXPECT_EQ(WireLimitOf(DecodeWire(pull, small).status()), WireLimit::kBlocksPerItem);
+  small = WireLimits{};
+  small.max_frame_bytes = 16;
+  EXPECT_EQ(WireLimitOf(DecodeWire(pull, small).status()), WireLimit::kFrameBytes);
+  small = WireLimits{};
+  small.max_registration_bytes = 2;
+  EXPECT_EQ(WireLimitOf(DecodeWire(hs, small).status()), WireLimit::kRegistrationBytes);
+  std::vector<uint8_t> trailing = pull;
+  trailing.push_back(0);
+  EXPECT_EQ(WireLimitOf(DecodeWire(trailing, {}).status()), std::nullopt);
+  EXPECT_EQ(WireLimitOf(Status::Ok()), std::nullopt);
+  EXPECT_EQ(WireLimitName(WireLimit::kItemsPerPull), "wire_items_per_pull");
 }
 
 // A count that claims more items than the frame can hold is refused before

@@ -35,6 +35,7 @@
 
 #include "base/check.h"
 #include "net/byte_codec.h"
+#include "net/registration_codec.h"
 #include "net/transport.h"
 
 namespace kvrelay::net {
@@ -256,6 +257,12 @@ class ShmTransport final : public Transport {
 };
 
 }  // namespace
+
+Result<std::vector<uint8_t>> ReencodeShmRegistration(std::span<const uint8_t> bytes) {
+  Result<ShmRegistration> r = DecodeRegistration(bytes);
+  if (!r.ok()) return r.status();
+  return EncodeRegistration(*r);
+}
 
 Result<std::unique_ptr<Transport>> MakeShmTransport(const TransportOptions&) {
   return std::unique_ptr<Transport>(std::make_unique<ShmTransport>());

@@ -6,6 +6,7 @@
 // codec, UcxRegion, UcxTarget, UcxTransport, MakeUcxTransport.
 
 #include "net/ucx_transport.h"
+#include "net/registration_codec.h"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -733,6 +734,12 @@ class UcxTransport final : public Transport {
 };
 
 }  // namespace
+
+Result<std::vector<uint8_t>> ReencodeUcxRegistration(std::span<const uint8_t> bytes) {
+  Registration reg;
+  if (Status s = DecodeRegistration(bytes, &reg); !s.ok()) return s;
+  return EncodeRegistration(reg);
+}
 
 std::string DescribeUcxTarget(Target& target) {
   auto* t = dynamic_cast<UcxTarget*>(&target);

@@ -134,20 +134,20 @@ Status EnginePool::Fits(const Entry& e, const EngineInfo& info) const {
 Status EnginePool::DiscoverOnce() {
   std::vector<size_t> todo;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (size_t i = 0; i < engines_.size(); ++i) {
       if (!engines_[i].info) todo.push_back(i);
     }
   }
   std::string missing;
   for (size_t i : todo) {
-    Result<EngineInfo> info = fetcher_(engines_[i].url);
+    Result<EngineInfo> info = fetcher_(UrlOf(i));
     if (!info.ok()) {
       if (info.status().code() == StatusCode::kInvalidArgument) return info.status();
       missing += (missing.empty() ? "" : "; ") + info.status().message();
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Entry& e = engines_[i];
     Status s = Fits(e, *info);
     if (!s.ok()) return s;
@@ -163,8 +163,9 @@ Status EnginePool::DiscoverOnce() {
 }
 
 Result<EnginePool::Pair> EnginePool::Pick() {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto pick = [&](const std::vector<size_t>& list, size_t* cursor) -> std::optional<size_t> {
+  MutexLock lock(&mu_);
+  auto pick = [&](const std::vector<size_t>& list,
+                  size_t* cursor) REQUIRES(mu_) -> std::optional<size_t> {
     std::vector<PickCandidate> c;
     c.reserve(list.size());
     for (size_t i : list) c.push_back({engines_[i].outstanding, engines_[i].up});
@@ -177,7 +178,7 @@ Result<EnginePool::Pair> EnginePool::Pick() {
   const std::optional<size_t> d = pick(decode_, &decode_cursor_);
   if (!d) return UnavailableError("no decode engine is up");
   Pair pair;
-  auto lease = [&](size_t i, Lease* l) {
+  auto lease = [&](size_t i, Lease* l) REQUIRES(mu_) {
     Entry& e = engines_[i];
     KV_CHECK(e.info.has_value());
     ++e.outstanding;
@@ -192,7 +193,7 @@ Result<EnginePool::Pair> EnginePool::Pick() {
 }
 
 std::optional<std::string> EnginePool::AnyDecodeUrl() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::optional<size_t> best;
   for (size_t i : decode_) {
     if (engines_[i].up && (!best || engines_[i].outstanding < engines_[*best].outstanding)) {
@@ -204,32 +205,32 @@ std::optional<std::string> EnginePool::AnyDecodeUrl() {
 }
 
 void EnginePool::Return(size_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KV_CHECK_LT(index, engines_.size());
   KV_CHECK_GT(engines_[index].outstanding, 0u);
   --engines_[index].outstanding;
 }
 
 void EnginePool::ReportConnectionFailure(size_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Entry& e = engines_[index];
   if (e.up) Log("router", "engine %s: a leg lost its connection; down until /kv_info answers",
                 e.url.c_str());
   e.up = false;
   e.recheck = true;
-  monitor_cv_.notify_all();
+  monitor_cv_.NotifyAll();
 }
 
 void EnginePool::RequestRecheck(size_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   engines_[index].recheck = true;
-  monitor_cv_.notify_all();
+  monitor_cv_.NotifyAll();
 }
 
 void EnginePool::Recheck(bool all_down) {
   std::vector<size_t> todo;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (size_t i = 0; i < engines_.size(); ++i) {
       Entry& e = engines_[i];
       if (e.recheck || (all_down && !e.up)) todo.push_back(i);
@@ -237,8 +238,8 @@ void EnginePool::Recheck(bool all_down) {
     }
   }
   for (size_t i : todo) {
-    Result<EngineInfo> info = fetcher_(engines_[i].url);
-    std::lock_guard<std::mutex> lock(mu_);
+    Result<EngineInfo> info = fetcher_(UrlOf(i));
+    MutexLock lock(&mu_);
     Entry& e = engines_[i];
     if (!info.ok()) {
       if (e.up) Log("router", "engine %s: down: %s", e.url.c_str(),
@@ -274,8 +275,8 @@ void EnginePool::MonitorLoop(Duration interval) {
   while (true) {
     bool full = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      monitor_cv_.wait_until(lock, next_full, [&] {
+      MutexLock lock(&mu_);
+      monitor_cv_.WaitUntil(&mu_, next_full, [&]() REQUIRES(mu_) {
         if (monitor_stop_) return true;
         for (const Entry& e : engines_) {
           if (e.recheck) return true;
@@ -294,23 +295,23 @@ void EnginePool::MonitorLoop(Duration interval) {
 }
 
 void EnginePool::StopMonitor() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   monitor_stop_ = true;
-  monitor_cv_.notify_all();
+  monitor_cv_.NotifyAll();
 }
 
 uint64_t EnginePool::outstanding(size_t index) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return engines_[index].outstanding;
 }
 
 bool EnginePool::up(size_t index) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return engines_[index].up;
 }
 
 json EnginePool::EnginesJson() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   json out = json::array();
   for (const Entry& e : engines_) {
     out.push_back(json{{"url", e.url},
@@ -323,7 +324,7 @@ json EnginePool::EnginesJson() const {
 }
 
 json EnginePool::HealthJson(bool* serving) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   json p = json::array(), d = json::array();
   bool any_p = false, any_d = false;
   for (size_t i : prefill_) {

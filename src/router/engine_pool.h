@@ -25,17 +25,16 @@
 // be called from any thread; the fetcher runs without the lock held.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "base/mutex.h"
 #include "base/result.h"
 #include "base/time.h"
 #include "router/engine_info.h"
@@ -102,8 +101,8 @@ class EnginePool : public std::enable_shared_from_this<EnginePool> {
   void MonitorLoop(Duration interval);
   void StopMonitor();
 
-  size_t size() const { return engines_.size(); }
-  const std::string& url(size_t index) const { return engines_[index].url; }
+  size_t size() const { return UrlsSize(); }
+  const std::string& url(size_t index) const { return UrlOf(index); }
   uint64_t outstanding(size_t index) const;
   bool up(size_t index) const;
   // GET /engines: [{"url","role","up","outstanding","kv_info"}].
@@ -122,20 +121,27 @@ class EnginePool : public std::enable_shared_from_this<EnginePool> {
     uint64_t outstanding = 0;
   };
   EnginePool(std::vector<Entry> engines, Fetcher fetcher);
-  Status Fits(const Entry& e, const EngineInfo& info) const;   // caller holds mu_
-  void Recheck(bool all_down);
-  void Return(size_t index);
+  Status Fits(const Entry& e, const EngineInfo& info) const REQUIRES(mu_);
+  void Recheck(bool all_down) EXCLUDES(mu_);
+  void Return(size_t index) EXCLUDES(mu_);
   const char* RoleOf(const Entry& e) const;
+  // engines_'s size and each entry's url never change after construction,
+  // so they are read without the lock (the analysis cannot know that).
+  size_t UrlsSize() const NO_THREAD_SAFETY_ANALYSIS { return engines_.size(); }
+  const std::string& UrlOf(size_t index) const NO_THREAD_SAFETY_ANALYSIS {
+    return engines_[index].url;
+  }
 
   const Fetcher fetcher_;
-  mutable std::mutex mu_;
-  std::condition_variable monitor_cv_;
-  bool monitor_stop_ = false;             // guarded by mu_
-  std::vector<Entry> engines_;            // fixed size; fields guarded by mu_
-  std::vector<size_t> prefill_, decode_;  // indices into engines_
-  size_t prefill_cursor_ = 0, decode_cursor_ = 0;
-  std::optional<EngineInfo> reference_;   // the first engine's answer: model
-                                          // and transport all must share
+  mutable Mutex mu_;
+  CondVar monitor_cv_;
+  bool monitor_stop_ GUARDED_BY(mu_) = false;
+  std::vector<Entry> engines_ GUARDED_BY(mu_);  // fixed size (see UrlOf)
+  std::vector<size_t> prefill_, decode_;  // indices into engines_; fixed at construction
+  size_t prefill_cursor_ GUARDED_BY(mu_) = 0;
+  size_t decode_cursor_ GUARDED_BY(mu_) = 0;
+  // The first engine's answer: model and transport all must share.
+  std::optional<EngineInfo> reference_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvrelay::router

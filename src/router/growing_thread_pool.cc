@@ -11,21 +11,21 @@ GrowingThreadPool::GrowingThreadPool(size_t max_threads) : max_threads_(max_thre
 GrowingThreadPool::~GrowingThreadPool() { shutdown(); }
 
 void GrowingThreadPool::enqueue(std::function<void()> fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   jobs_.push_back(std::move(fn));
   if (jobs_.size() > idle_ && threads_.size() < max_threads_) {
     threads_.emplace_back([this] { Work(); });
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void GrowingThreadPool::Work() {
   while (true) {
     std::function<void()> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++idle_;
-      cv_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
+      cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return shutdown_ || !jobs_.empty(); });
       --idle_;
       if (jobs_.empty()) return;   // shutdown_ and nothing left
       job = std::move(jobs_.front());
@@ -38,11 +38,11 @@ void GrowingThreadPool::Work() {
 void GrowingThreadPool::shutdown() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutdown_ = true;
     threads.swap(threads_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : threads) t.join();
 }
 

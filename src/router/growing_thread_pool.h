@@ -13,15 +13,15 @@
 // server's listen loop. Thread safety: enqueue/shutdown from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <httplib.h>
+
+#include "base/mutex.h"
 
 namespace kvrelay::router {
 
@@ -30,20 +30,20 @@ class GrowingThreadPool : public httplib::TaskQueue {
   explicit GrowingThreadPool(size_t max_threads);
   ~GrowingThreadPool() override;
 
-  void enqueue(std::function<void()> fn) override;
+  void enqueue(std::function<void()> fn) override EXCLUDES(mu_);
   // Runs what is queued, then joins every thread.
-  void shutdown() override;
+  void shutdown() override EXCLUDES(mu_);
 
  private:
-  void Work();
+  void Work() EXCLUDES(mu_);
 
   const size_t max_threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;   // guarded by mu_
-  std::vector<std::thread> threads_;         // guarded by mu_
-  size_t idle_ = 0;                          // threads waiting for a job
-  bool shutdown_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
+  size_t idle_ GUARDED_BY(mu_) = 0;   // threads waiting for a job
+  bool shutdown_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvrelay::router

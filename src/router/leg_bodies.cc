@@ -22,13 +22,14 @@ Result<ClientRequest> ParseClientBody(std::string_view body) {
 }
 
 std::string PrefillLegBody(const json& client, const TransferId& transfer,
-                           uint32_t consumer_tp) {
+                           uint32_t consumer_tp, std::optional<uint32_t> consumer_engine) {
   json b = client;
   b["max_tokens"] = 1;
   b["stream"] = false;
   b["kv_transfer_params"] = json{{"do_remote_decode", true},
                                  {"transfer_id", transfer.ToString()},
                                  {"consumer_tp_size", consumer_tp}};
+  if (consumer_engine) b["kv_transfer_params"]["consumer_engine_id"] = *consumer_engine;
   return b.dump();
 }
 

@@ -10,7 +10,8 @@
 // Legs:
 //   P: the client's body, with "max_tokens": 1, "stream": false and
 //      "kv_transfer_params": {"do_remote_decode": true, "transfer_id": T,
-//      "consumer_tp_size": D.tp}.
+//      "consumer_tp_size": D.tp, "consumer_engine_id": D.engine_id} (P then
+//      refuses pulls for T from any other D engine).
 //   D: the client's body (its max_tokens and stream), with
 //      "kv_transfer_params": {"do_remote_prefill": true, "transfer_id": T,
 //      "remote_engine_id", "remote_host", "remote_port", "remote_tp_size"}
@@ -20,6 +21,7 @@
 // Thread safety: pure functions and value types; any thread.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -41,7 +43,8 @@ struct ClientRequest {
 Result<ClientRequest> ParseClientBody(std::string_view body);
 
 std::string PrefillLegBody(const nlohmann::json& client, const TransferId& transfer,
-                           uint32_t consumer_tp);
+                           uint32_t consumer_tp,
+                           std::optional<uint32_t> consumer_engine = std::nullopt);
 std::string DecodeLegBody(const nlohmann::json& client, const TransferId& transfer,
                           const EngineInfo& prefill);
 

@@ -60,6 +60,9 @@ TEST(LegBodiesTest, PrefillLegAsksForOneTokenAndARemoteDecode) {
   EXPECT_EQ(p["kv_transfer_params"], (json{{"do_remote_decode", true},
                                            {"transfer_id", "0123456789abcdeffedcba9876543210"},
                                            {"consumer_tp_size", 4}}));
+  const json named = json::parse(PrefillLegBody(client, Tid(), 2, 17));
+  EXPECT_EQ(named["kv_transfer_params"]["consumer_engine_id"], 17);
+  EXPECT_EQ(named["kv_transfer_params"]["consumer_tp_size"], 2);
 }
 
 TEST(LegBodiesTest, DecodeLegKeepsTheClientsLengthAndStreamAndNamesP) {

@@ -9,12 +9,11 @@
 // thread. Thread safety: any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/time.h"
 
@@ -24,15 +23,15 @@ class LegThreads : public std::enable_shared_from_this<LegThreads> {
  public:
   // Runs `fn` on a new detached thread. kResourceExhausted if the thread
   // cannot be created (fn is not run).
-  Status Spawn(std::function<void()> fn);
+  Status Spawn(std::function<void()> fn) EXCLUDES(mu_);
   // Waits until no thread runs or `timeout` passed; true if none runs.
-  bool WaitIdle(Duration timeout);
-  uint64_t running() const;
+  bool WaitIdle(Duration timeout) EXCLUDES(mu_);
+  uint64_t running() const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t running_ = 0;   // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  uint64_t running_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvrelay::router

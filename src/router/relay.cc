@@ -51,24 +51,25 @@ Relay::Relay(uint64_t id, const RelayOptions& options, ClientRequest request,
   prefill_info_ = engines_.prefill.info();
   prefill_url_ = engines_.prefill.url();
   decode_url_ = engines_.decode.url();
-  prefill_body_ = PrefillLegBody(request_.body, transfer_, engines_.decode.info().tp);
+  prefill_body_ = PrefillLegBody(request_.body, transfer_, engines_.decode.info().tp,
+                                 engines_.decode.info().engine_id);
   decode_body_ = DecodeLegBody(request_.body, transfer_, prefill_info_);
 }
 
 template <typename F>
 void Relay::Feed(F&& f) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     f(logic_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   ApplyCancels();
 }
 
 void Relay::ApplyCancels() {
   bool p = false, d = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     p = logic_.cancel_prefill();
     d = logic_.cancel_decode();
   }
@@ -139,16 +140,16 @@ void Relay::RunDecode(EnginePool::Lease lease) {
 }
 
 void Relay::WaitForCommitPoint(Duration max) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::nanoseconds(max.ns()),
-               [&] { return logic_.ReadyToCommit(); });
+  MutexLock lock(&mu_);
+  cv_.WaitFor(&mu_, std::chrono::nanoseconds(max.ns()),
+              [&]() REQUIRES(mu_) { return logic_.ReadyToCommit(); });
 }
 
 std::optional<ClientReply> Relay::CommitOrReply() {
   bool first_token = false;
   std::optional<ClientReply> reply;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!logic_.decided()) {
       logic_.Commit();
       return std::nullopt;
@@ -166,9 +167,9 @@ bool Relay::Pump(httplib::DataSink& sink) {
   std::string out;
   bool finished = false, has_tokens = false, first_token = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::nanoseconds(options_.probe_interval.ns()),
-                 [&] { return logic_.HasBody(); });
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, std::chrono::nanoseconds(options_.probe_interval.ns()),
+                [&]() REQUIRES(mu_) { return logic_.HasBody(); });
     if (logic_.HasBody()) out = logic_.TakeBody(&finished, &has_tokens);
     if (has_tokens && !ttft_noted_) ttft_noted_ = first_token = true;
   }
@@ -196,14 +197,14 @@ void Relay::Finish() {
   Outcome outcome;
   std::string message;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
     if (!logic_.decided()) logic_.ClientGone();
     outcome = logic_.outcome();
     message = logic_.failure_message();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   ApplyCancels();
   const double seconds = (runtime::MonoNow() - arrived_).seconds();
   metrics_->RequestFinished(outcome, seconds);

@@ -20,13 +20,12 @@
 // Threading: see above; every public method is thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "base/mutex.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
 #include "router/engine_pool.h"
@@ -80,10 +79,10 @@ class Relay : public std::enable_shared_from_this<Relay> {
  private:
   void RunPrefill(EnginePool::Lease lease);
   void RunDecode(EnginePool::Lease lease);
-  // Performs the cancels the logic asked for. Caller does not hold mu_.
-  void ApplyCancels();
+  // Performs the cancels the logic asked for.
+  void ApplyCancels() EXCLUDES(mu_);
   template <typename F>
-  void Feed(F&& f);
+  void Feed(F&& f) EXCLUDES(mu_);
   void NoteFirstToken();
 
   const uint64_t id_;
@@ -100,11 +99,11 @@ class Relay : public std::enable_shared_from_this<Relay> {
   std::string prefill_url_, decode_url_;
 
   UpstreamCall prefill_call_, decode_call_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  RelayLogic logic_;            // guarded by mu_
-  bool ttft_noted_ = false;     // guarded by mu_
-  bool finished_ = false;       // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  RelayLogic logic_ GUARDED_BY(mu_);
+  bool ttft_noted_ GUARDED_BY(mu_) = false;
+  bool finished_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvrelay::router

@@ -31,6 +31,11 @@ RouterMetrics::RouterMetrics(std::shared_ptr<EnginePool> pool,
         "kvrelay_router_leg_connection_failures_total",
         "Legs whose connection to the engine failed or broke.", {{"url", pool->url(i)}}));
   }
+  for (const char* limit : {"body_bytes", "requests_per_client", "inflight"}) {
+    limit_rejections_[limit] = registry_.AddCounter(
+        "kvrelay_router_limit_rejections_total",
+        "Client requests refused for a configured limit, by limit.", {{"limit", limit}});
+  }
   latency_ = registry_.AddHistogram("kvrelay_router_request_latency_seconds",
                                     "Arrival to end of the response, ok requests.",
                                     server::DefaultLatencyBucketsSeconds());
@@ -44,6 +49,12 @@ void RouterMetrics::RequestFinished(Outcome outcome, double seconds) {
   KV_CHECK(c != nullptr);
   c->Inc();
   if (outcome == Outcome::kOk) latency_->ObserveSeconds(seconds);
+}
+
+void RouterMetrics::LimitRejected(std::string_view limit) {
+  auto it = limit_rejections_.find(limit);
+  KV_CHECK_MSG(it != limit_rejections_.end(), "an unregistered limit label");
+  it->second->Inc();
 }
 
 void RouterMetrics::FirstToken(double seconds) { ttft_->ObserveSeconds(seconds); }

@@ -8,6 +8,8 @@
 //   kvrelay_router_engine_outstanding_requests{url} legs in flight per engine
 //   kvrelay_router_engine_up{url}                   1 if the engine is used
 //   kvrelay_router_leg_connection_failures_total{url}
+//   kvrelay_router_limit_rejections_total{limit}    requests refused for a
+//       limit: body_bytes (413), requests_per_client (429), inflight (503)
 //   kvrelay_router_request_latency_seconds          arrival → end, ok requests
 //   kvrelay_router_time_to_first_token_seconds      arrival → first token
 //                                                   written, streams
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -34,6 +37,8 @@ class RouterMetrics {
 
   void RequestFinished(Outcome outcome, double seconds);
   void FirstToken(double seconds);
+  // One of "body_bytes", "requests_per_client", "inflight".
+  void LimitRejected(std::string_view limit);
   void LegConnectionFailure(size_t engine_index);
   std::string Render() const { return registry_.Render(); }
 
@@ -41,6 +46,7 @@ class RouterMetrics {
   server::MetricsRegistry registry_;
   std::array<server::Counter*, 8> by_outcome_{};
   std::vector<server::Counter*> connection_failures_;
+  std::map<std::string, server::Counter*, std::less<>> limit_rejections_;
   server::Histogram* latency_;
   server::Histogram* ttft_;
 };

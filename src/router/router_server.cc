@@ -5,12 +5,12 @@
 #include <httplib.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
+#include "base/mutex.h"
 #include "router/growing_thread_pool.h"
+#include "server/client_slots.h"
 #include "router/leg_threads.h"
 #include "router/router_metrics.h"
 #include "router/transfer_id_source.h"
@@ -38,20 +38,21 @@ struct RouterServer::Impl : std::enable_shared_from_this<RouterServer::Impl> {
   RouterOptions options;
   std::shared_ptr<EnginePool> pool;
   std::atomic<int64_t> inflight{0};
+  std::unique_ptr<server::ClientSlots> client_slots;
   std::shared_ptr<RouterMetrics> metrics;
   std::shared_ptr<LegThreads> legs = std::make_shared<LegThreads>();
   httplib::Server http;
   std::thread http_thread, monitor_thread;
   std::atomic<int> bound_port{0};
 
-  std::mutex relays_mu;
-  std::condition_variable relays_cv;   // notified when a relay finishes
-  std::unordered_map<uint64_t, std::shared_ptr<Relay>> relays;   // guarded by relays_mu
-  bool stopping = false;                                          // guarded by relays_mu
-  uint64_t next_id = 1;                                           // guarded by relays_mu
+  Mutex relays_mu;
+  CondVar relays_cv;   // notified when a relay finishes
+  std::unordered_map<uint64_t, std::shared_ptr<Relay>> relays GUARDED_BY(relays_mu);
+  bool stopping GUARDED_BY(relays_mu) = false;
+  uint64_t next_id GUARDED_BY(relays_mu) = 1;
 
-  std::mutex stop_mu;
-  bool stopped = false;   // guarded by stop_mu
+  Mutex stop_mu;
+  bool stopped GUARDED_BY(stop_mu) = false;
 
   void Routes();
   void Completions(const httplib::Request& req, httplib::Response& res);
@@ -69,6 +70,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& o
   impl->options = options;
   impl->pool = pool;
   impl->metrics = std::make_shared<RouterMetrics>(pool, &impl->inflight);
+  impl->client_slots = std::make_unique<server::ClientSlots>(options.max_requests_per_client);
   impl->Routes();
   const size_t threads =
       options.http_threads != 0 ? options.http_threads : size_t{options.max_inflight} + 64;
@@ -101,16 +103,17 @@ RouterServer::~RouterServer() { Stop(); }
 uint16_t RouterServer::port() const { return static_cast<uint16_t>(impl_->bound_port.load()); }
 
 void RouterServer::Stop() {
+  Impl& impl = *impl_;
   {
-    std::lock_guard<std::mutex> lock(impl_->stop_mu);
-    if (impl_->stopped) return;
-    impl_->stopped = true;
+    MutexLock lock(&impl.stop_mu);
+    if (impl.stopped) return;
+    impl.stopped = true;
   }
   std::vector<std::shared_ptr<Relay>> live;
   {
-    std::lock_guard<std::mutex> lock(impl_->relays_mu);
-    impl_->stopping = true;
-    for (auto& [id, r] : impl_->relays) live.push_back(r);
+    MutexLock lock(&impl.relays_mu);
+    impl.stopping = true;
+    for (auto& [id, r] : impl.relays) live.push_back(r);
   }
   if (!live.empty()) Log("router", "stopping: cancelling %zu requests", live.size());
   for (auto& r : live) r->Shutdown();
@@ -119,12 +122,12 @@ void RouterServer::Stop() {
   // before the listener stops: httplib ends a chunked response unfinished
   // once it is stopping.
   {
-    std::unique_lock<std::mutex> lock(impl_->relays_mu);
-    if (!impl_->relays_cv.wait_for(lock,
-                                   std::chrono::nanoseconds(impl_->options.drain_timeout.ns()),
-                                   [&] { return impl_->relays.empty(); })) {
-      Log("router", "stopping: %zu responses still open after %.1f s", impl_->relays.size(),
-          impl_->options.drain_timeout.seconds());
+    MutexLock lock(&impl.relays_mu);
+    if (!impl.relays_cv.WaitFor(&impl.relays_mu,
+                                std::chrono::nanoseconds(impl.options.drain_timeout.ns()),
+                                [&]() REQUIRES(impl.relays_mu) { return impl.relays.empty(); })) {
+      Log("router", "stopping: %zu responses still open after %.1f s", impl.relays.size(),
+          impl.options.drain_timeout.seconds());
     }
   }
   impl_->http.stop();
@@ -166,7 +169,9 @@ void RouterServer::Impl::Routes() {
     std::string msg = "request failed";
     if (res.status == 404) msg = "no such endpoint: " + req.method + " " + req.path;
     if (res.status == 413) {
-      msg = "body is longer than " + std::to_string(options.max_body_bytes) + " bytes";
+      metrics->LimitRejected("body_bytes");
+      msg = "body is longer than " + std::to_string(options.max_body_bytes) +
+            " bytes (--max-body-bytes)";
     }
     res.set_content(server::ErrorJson(msg, "invalid_request_error", res.status),
                     "application/json");
@@ -193,8 +198,18 @@ void RouterServer::Impl::Models(httplib::Response& res) {
 
 void RouterServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
   const Instant arrived = runtime::MonoNow();
+  std::optional<server::ClientSlots::Lease> slot = client_slots->Acquire(req.remote_addr);
+  if (!slot) {
+    metrics->LimitRejected("requests_per_client");
+    return Reject(res, arrived, 429,
+                  "too many requests at once from " + req.remote_addr + ": the limit is " +
+                      std::to_string(client_slots->max_per_client()) +
+                      " per client (--max-requests-per-client)",
+                  "rate_limit_error", Outcome::kRejected);
+  }
   if (inflight.fetch_add(1) >= static_cast<int64_t>(options.max_inflight)) {
     inflight.fetch_sub(1);
+    metrics->LimitRejected("inflight");
     return Reject(res, arrived, 503,
                   "the router is at capacity: " + std::to_string(options.max_inflight) +
                       " requests in flight (--max-inflight)",
@@ -222,7 +237,7 @@ void RouterServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   std::weak_ptr<Impl> weak = weak_from_this();
   std::shared_ptr<Relay> relay;
   {
-    std::lock_guard<std::mutex> lock(relays_mu);
+    MutexLock lock(&relays_mu);
     if (stopping) {
       inflight.fetch_sub(1);
       return Reject(res, arrived, 503, "the router is shutting down", "server_error",
@@ -235,10 +250,11 @@ void RouterServer::Impl::Completions(const httplib::Request& req, httplib::Respo
           std::shared_ptr<Impl> self = weak.lock();
           if (!self) return;
           {
-            std::lock_guard<std::mutex> l(self->relays_mu);
-            self->relays.erase(r.id());
+            Impl& s = *self;
+            MutexLock l(&s.relays_mu);
+            s.relays.erase(r.id());
           }
-          self->relays_cv.notify_all();
+          self->relays_cv.NotifyAll();
           self->inflight.fetch_sub(1);
         });
     relays.emplace(id, relay);
@@ -251,9 +267,14 @@ void RouterServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     relay->Finish();
     return;
   }
+  // The client's slot is held until its response is done.
+  auto lease = std::make_shared<server::ClientSlots::Lease>(std::move(*slot));
   res.set_chunked_content_provider(
       stream ? "text/event-stream" : "application/json",
-      [relay](size_t, httplib::DataSink& sink) { return relay->Pump(sink); },
+      [relay, lease](size_t, httplib::DataSink& sink) {
+        (void)lease;
+        return relay->Pump(sink);
+      },
       [relay](bool success) { relay->ClientReleased(success); });
 }
 

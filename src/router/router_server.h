@@ -6,8 +6,10 @@
 // Routes:
 //   POST /v1/completions  the client's body, relayed (docs: leg_bodies.h,
 //                         relay_logic.h). 400 for a body that is not a
-//                         JSON object, 413 over max_body_bytes, 503 over
-//                         max_inflight or with no P or D up.
+//                         JSON object, 413 over max_body_bytes, 429 over
+//                         max_requests_per_client from one remote
+//                         address, 503 over max_inflight or with no P or
+//                         D up.
 //   GET  /v1/models       proxied to a D that is up.
 //   GET  /health          {"status":"ok"|"degraded","prefill":[...],
 //                         "decode":[...]} with each engine's url, up and
@@ -42,6 +44,7 @@ struct RouterOptions {
   uint16_t port = 8000;                    // 0: any free port
   uint32_t max_inflight = 4096;            // client requests at once
   size_t max_body_bytes = size_t{1} << 20;
+  uint32_t max_requests_per_client = 1024;  // per remote address, 429 past it; 0: no limit
   uint32_t http_threads = 0;               // 0: max_inflight + 64
   RelayOptions relay;
   // How long a response's status is held back waiting for P to answer, so

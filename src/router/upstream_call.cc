@@ -29,7 +29,7 @@ LegEnd UpstreamCall::Post(const std::string& base_url, const std::string& path,
   client.set_read_timeout(std::chrono::nanoseconds(options.idle_timeout.ns()));
   client.set_write_timeout(std::chrono::nanoseconds(options.idle_timeout.ns()));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (cancelled()) {
       end.kind = LegEnd::Kind::kCancelled;
       return end;
@@ -68,7 +68,7 @@ LegEnd UpstreamCall::Post(const std::string& base_url, const std::string& path,
   };
   httplib::Result r = client.send(req);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     client_ = nullptr;
   }
   if (cancelled() || stopped) {
@@ -97,7 +97,7 @@ LegEnd UpstreamCall::Post(const std::string& base_url, const std::string& path,
 
 void UpstreamCall::Cancel() {
   cancelled_.store(true, std::memory_order_release);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (client_ != nullptr) client_->stop();
 }
 

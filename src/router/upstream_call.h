@@ -22,10 +22,10 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "base/mutex.h"
 #include "base/time.h"
 #include "router/relay_logic.h"
 
@@ -53,14 +53,14 @@ class UpstreamCall {
   // POSTs `body` (JSON) to base_url + path. A stop asked by on_data, or a
   // Cancel(), ends as kCancelled.
   LegEnd Post(const std::string& base_url, const std::string& path, const std::string& body,
-              const Sink& sink, const UpstreamOptions& options);
-  void Cancel();
+              const Sink& sink, const UpstreamOptions& options) EXCLUDES(mu_);
+  void Cancel() EXCLUDES(mu_);
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  httplib::Client* client_ = nullptr;   // guarded by mu_; set during Post()
+  Mutex mu_;
+  httplib::Client* client_ GUARDED_BY(mu_) = nullptr;   // set during Post()
 };
 
 }  // namespace kvrelay::router

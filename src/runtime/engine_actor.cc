@@ -69,7 +69,7 @@ OpResult EngineActor::RunOp(std::function<uint64_t(engine::Engine&)> start,
 void EngineActor::PostReport(uint32_t rank, RankReport report) {
   KV_CHECK_LT(rank, tp_);
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     RankReport& r = reports_[rank];
     r.finished_sending.insert(r.finished_sending.end(), report.finished_sending.begin(),
                               report.finished_sending.end());
@@ -90,7 +90,7 @@ void EngineActor::Loop() {
     fns.clear();
     bool have = false;
     {
-      std::lock_guard<std::mutex> lock(reports_mu_);
+      MutexLock lock(&reports_mu_);
       if (have_reports_) {
         reports.swap(reports_);
         have_reports_ = false;

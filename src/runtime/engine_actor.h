@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/result.h"
 #include "core/connector_metadata.h"
 #include "engine/engine.h"
@@ -78,7 +79,7 @@ class EngineActor {
   }
   // From rank actors: rank `rank`'s get_finished() report. Reports that
   // arrive between two steps are merged per rank (Step takes one per rank).
-  void PostReport(uint32_t rank, RankReport report);
+  void PostReport(uint32_t rank, RankReport report) EXCLUDES(reports_mu_);
 
   uint64_t NewClientId() { return next_client_.fetch_add(1); }
   size_t inbox_size() const { return inbox_.size(); }
@@ -91,9 +92,9 @@ class EngineActor {
   std::unique_ptr<engine::Engine> engine_;
   MetadataSink metadata_sink_;
   Inbox inbox_;
-  std::mutex reports_mu_;
-  std::vector<RankReport> reports_;  // one per rank; guarded by reports_mu_
-  bool have_reports_ = false;        // guarded by reports_mu_
+  Mutex reports_mu_;
+  std::vector<RankReport> reports_ GUARDED_BY(reports_mu_);  // one per rank
+  bool have_reports_ GUARDED_BY(reports_mu_) = false;
   const uint32_t tp_;
   std::thread thread_;
   std::atomic<uint64_t> next_client_{1};

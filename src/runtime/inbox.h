@@ -15,13 +15,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 
 #include "base/check.h"
+#include "base/mutex.h"
 
 namespace kvrelay::runtime {
 
@@ -37,73 +37,74 @@ class Inbox {
   Inbox& operator=(const Inbox&) = delete;
 
   // Blocks while full. False once closed (the closure is dropped).
-  bool Post(Fn fn) {
-    std::unique_lock<std::mutex> lock(mu_);
-    not_full_.wait(lock, [&] { return closed_ || q_.size() < capacity_; });
+  bool Post(Fn fn) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    not_full_.Wait(&mu_, [&]() REQUIRES(mu_) { return closed_ || q_.size() < capacity_; });
     if (closed_) return false;
     q_.push_back(std::move(fn));
     Notify();
     return true;
   }
   // False if full or closed.
-  bool TryPost(Fn fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool TryPost(Fn fn) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (closed_ || q_.size() >= capacity_) return false;
     q_.push_back(std::move(fn));
     Notify();
     return true;
   }
   // Owner: moves every queued closure into `out`.
-  void Take(std::deque<Fn>* out) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Take(std::deque<Fn>* out) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     out->swap(q_);
     q_.clear();
     uint64_t v;
     while (read(fd_, &v, sizeof v) == sizeof v) {
     }
-    not_full_.notify_all();
+    not_full_.NotifyAll();
   }
   // Owner: waits until something is queued, `wake` is set, or `until`.
   template <class Clock, class Dur>
-  void WaitUntil(std::chrono::time_point<Clock, Dur> until) {
-    std::unique_lock<std::mutex> lock(mu_);
-    nonempty_.wait_until(lock, until, [&] { return !q_.empty() || kicked_ || closed_; });
+  void WaitUntil(std::chrono::time_point<Clock, Dur> until) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    nonempty_.WaitUntil(&mu_, until,
+                        [&]() REQUIRES(mu_) { return !q_.empty() || kicked_ || closed_; });
     kicked_ = false;
   }
   // Wakes the owner without a closure (e.g. new reports elsewhere).
-  void Kick() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Kick() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     kicked_ = true;
     Notify();
   }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     closed_ = true;
     Notify();
-    not_full_.notify_all();
+    not_full_.NotifyAll();
   }
-  bool closed() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool closed() const EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return closed_;
   }
-  size_t size() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  size_t size() const EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return q_.size();
   }
   int fd() const { return fd_; }
 
  private:
-  void Notify() {
-    nonempty_.notify_one();
+  void Notify() REQUIRES(mu_) {
+    nonempty_.NotifyOne();
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof one);
   }
   const size_t capacity_;
-  mutable std::mutex mu_;
-  std::condition_variable nonempty_, not_full_;
-  std::deque<Fn> q_;
-  bool kicked_ = false;
-  bool closed_ = false;
+  mutable Mutex mu_;
+  CondVar nonempty_, not_full_;
+  std::deque<Fn> q_ GUARDED_BY(mu_);
+  bool kicked_ GUARDED_BY(mu_) = false;
+  bool closed_ GUARDED_BY(mu_) = false;
   int fd_ = -1;
 };
 

@@ -6,17 +6,22 @@
 
 #include <cstdarg>
 #include <cstdio>
-#include <mutex>
 #include <set>
 #include <string>
 
+#include "base/mutex.h"
 #include "runtime/clock.h"
 
 namespace kvrelay::runtime {
 
-inline std::mutex& LogMutex() {
-  static std::mutex mu;
-  return mu;
+// The process's log lock (one line at a time on stderr) and LogOnce's keys.
+struct LogState {
+  Mutex mu;
+  std::set<std::string> seen GUARDED_BY(mu);
+};
+inline LogState& TheLog() {
+  static LogState* state = new LogState();  // never destroyed: threads may log at exit
+  return *state;
 }
 
 __attribute__((format(printf, 2, 3))) inline void Log(const char* component, const char* fmt,
@@ -26,16 +31,16 @@ __attribute__((format(printf, 2, 3))) inline void Log(const char* component, con
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  std::lock_guard<std::mutex> lock(LogMutex());
+  MutexLock lock(&TheLog().mu);
   std::fprintf(stderr, "[%.3f] %s: %s\n", MonoNow().seconds(), component, buf);
 }
 
 // Logs `message` the first time `key` is seen in this process.
 inline void LogOnce(const char* component, const std::string& key, const std::string& message) {
-  static std::set<std::string>* seen = new std::set<std::string>();
   {
-    std::lock_guard<std::mutex> lock(LogMutex());
-    if (!seen->insert(key).second) return;
+    LogState& log = TheLog();
+    MutexLock lock(&log.mu);
+    if (!log.seen.insert(key).second) return;
   }
   Log(component, "%s (logged once; counted in /metrics)", message.c_str());
 }

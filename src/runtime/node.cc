@@ -32,6 +32,9 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       net::MakeTransport(options.transport, options.transport_options);
   if (!t.ok()) return t.status();
   node->transport_ = std::move(*t);
+  if (options.write_faults.enabled()) {
+    node->transport_ = net::MakeFaultyTransport(std::move(node->transport_), options.write_faults);
+  }
   std::vector<std::span<uint8_t>> spans;
   const net::RegionLayout layout = net::LayoutFor(eo.shape, eo.tp, eo.num_blocks);
   for (uint32_t r = 0; r < eo.tp; ++r) {
@@ -65,6 +68,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       ro.heartbeat = options.heartbeat;
       ro.peer_down_after = options.peer_down_after;
       ro.peer_dead_after = options.peer_dead_after;
+      ro.auth_token = options.auth_token;
       node->ranks_.push_back(std::make_unique<RankActor>(ro, node->zmq_, node->transport_.get(),
                                                          node->regions_[r].get(),
                                                          node->engine_.get(), options.latency));
@@ -95,7 +99,7 @@ Node::~Node() {
 
 void Node::Shutdown(Duration drain) {
   {
-    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    MutexLock lock(&shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
   }

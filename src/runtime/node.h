@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/result.h"
 #include "engine/engine.h"
 #include "engine/ranked_kv_memory.h"
+#include "net/faulty_transport.h"
 #include "net/transport.h"
 #include "runtime/engine_actor.h"
 #include "runtime/rank_actor.h"
@@ -40,6 +42,8 @@ struct NodeOptions {
   Duration peer_dead_after = Duration::Seconds(10);
   Duration connect_timeout = Duration::Seconds(3);
   LatencySink latency;
+  net::WriteFaultOptions write_faults;     // fault drills only (serve --debug-fail-writes-*)
+  std::string auth_token;                  // control-channel secret; empty: none
 };
 
 class Node {
@@ -72,8 +76,8 @@ class Node {
   std::unique_ptr<engine::RankedKvMemory> memory_;
   std::unique_ptr<EngineActor> engine_;
   std::vector<std::unique_ptr<RankActor>> ranks_;
-  std::mutex shutdown_mu_;
-  bool shut_down_ = false;
+  Mutex shutdown_mu_;
+  bool shut_down_ GUARDED_BY(shutdown_mu_) = false;
 };
 
 }  // namespace kvrelay::runtime

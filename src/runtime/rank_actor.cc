@@ -9,6 +9,7 @@
 #include "net/write_plan.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/os_random.h"
 
 namespace kvrelay::runtime {
 
@@ -106,21 +107,21 @@ Status RankActor::EnsureProducers(uint32_t engine, const std::string& host, uint
     return InvalidArgumentError("remote_tp_size must be 1, 2 or 4");
   }
   std::vector<uint32_t> ranks = ProducerRanksFor(options_.rank, options_.tp, p_tp);
-  auto all_known = [&] {
+  auto all_known = [&]() REQUIRES(known_mu_) {
     for (uint32_t r : ranks) {
       if (!known_.count({engine, r})) return false;
     }
     return true;
   };
   {
-    std::lock_guard<std::mutex> lock(known_mu_);
+    MutexLock lock(&known_mu_);
     if (all_known()) return Status::Ok();
   }
   inbox_.Post([this, engine, host, port, ranks] {
     for (uint32_t r : ranks) ConnFor(engine, r, host, port);
   });
-  std::unique_lock<std::mutex> lock(known_mu_);
-  if (!known_cv_.wait_for(lock, std::chrono::nanoseconds(timeout.ns()), all_known)) {
+  MutexLock lock(&known_mu_);
+  if (!known_cv_.WaitFor(&known_mu_, std::chrono::nanoseconds(timeout.ns()), all_known)) {
     return Status(StatusCode::kUnavailable,
                   "no handshake from prefill engine " + std::to_string(engine) + " at " +
                       host + ":" + std::to_string(port) + " within " +
@@ -257,6 +258,9 @@ void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* 
   Result<WireMessage> decoded = DecodeWire({data, size}, options_.limits);
   if (!decoded.ok()) {
     ++counters_.malformed;
+    if (std::optional<WireLimit> over = WireLimitOf(decoded.status())) {
+      ++counters_.over_limit[static_cast<size_t>(*over)];
+    }
     LogOnce("rank", "malformed:" + std::string(StatusCodeName(decoded.status().code())),
             "rank " + std::to_string(options_.rank) + ": dropped a malformed control frame: " +
                 decoded.status().ToString());
@@ -277,12 +281,42 @@ void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* 
     // From a D rank: only pulls, only after a handshake.
     auto it = index_of_identity_.find(*identity);
     if (it == index_of_identity_.end()) {
+      if (auth_.enabled()) {
+        // Not proved (or never handshook): no answer, nothing learned.
+        if (auto* pull = std::get_if<PullMsg>(&m)) {
+          counters_.pulls_refused_unauthenticated += pull->items.size();
+        }
+      }
       ++counters_.unknown_sender;
       LogOnce("rank", "unknown_sender", "dropped a message from a D rank that never handshook");
       return;
     }
     const DPeer& d = dpeers_.at(it->second);
     if (auto* pull = std::get_if<PullMsg>(&m)) {
+      // Destination blocks must lie inside the region this D rank
+      // registered: refuse such an item now, before any table sees it.
+      auto outside = [&d](const PullItem& item) {
+        return std::any_of(item.dst.begin(), item.dst.end(),
+                           [&d](const BlockId& b) { return b.index >= d.num_blocks; });
+      };
+      if (std::any_of(pull->items.begin(), pull->items.end(), outside)) {
+        std::vector<PullItem> kept;
+        for (PullItem& item : pull->items) {
+          if (!outside(item)) {
+            kept.push_back(std::move(item));
+            continue;
+          }
+          ++counters_.pulls_refused_dst;
+          LogOnce("rank", "dst_out_of_region",
+                  "rank " + std::to_string(options_.rank) +
+                      ": refused a pull naming blocks outside the region D registered");
+          SendFrame(router_, identity,
+                    EncodeWire(AnswerMsg{pull->pull_seq, item.transfer,
+                                         TransferResult::kRejected}));
+        }
+        pull->items = std::move(kept);
+        if (pull->items.empty()) return;
+      }
       conn_.OnMessage(d.peer, PeerMessage(std::move(*pull)), now);
     } else {
       ++counters_.malformed;  // an answer sent to a P rank
@@ -299,7 +333,8 @@ void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* 
     auto it = pull_sent_.find({a->transfer, a->pull_seq});
     if (it != pull_sent_.end()) {
       if (sink_.pull_answer && !LoadTable::IsReleaseSeq(a->pull_seq)) {
-        sink_.pull_answer((now - it->second).seconds(), a->result);
+        sink_.pull_answer(a->transfer, options_.rank, it->second.blocks,
+                          (now - it->second.at).seconds(), a->result, now);
       }
       pull_sent_.erase(it);
     }
@@ -350,7 +385,47 @@ HandshakeMsg RankActor::OwnHandshake() const {
   return hs;
 }
 
+std::vector<uint8_t> RankActor::HelloFor(Conn& c) {
+  HandshakeMsg hs = OwnHandshake();
+  if (auth_.enabled()) {
+    hs.nonce = NonceFromOs();
+    challenges_.Issue(c.endpoint, hs.nonce);
+    hs.echo = c.peer_nonce;
+    auth_.Sign(HandshakeSide::kConsumerHello, &hs);
+  }
+  return EncodeWire(hs);
+}
+
+std::vector<uint8_t> RankActor::ReplyTo(const std::string& identity, const HandshakeMsg& hello) {
+  HandshakeMsg hs = OwnHandshake();
+  if (auth_.enabled()) {
+    hs.nonce = NonceFromOs();
+    challenges_.Issue(identity, hs.nonce);
+    hs.echo = hello.nonce;
+    auth_.Sign(HandshakeSide::kProducerReply, &hs);
+  }
+  return EncodeWire(hs);
+}
+
 void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg& hs) {
+  bool proved = true;
+  if (auth_.enabled()) {
+    if (!auth_.MacValid(HandshakeSide::kConsumerHello, hs)) {
+      ++counters_.auth_failed;
+      LogOnce("rank", "auth_hello:" + std::to_string(hs.engine_id),
+              "rank " + std::to_string(options_.rank) + ": refused the handshake of D engine " +
+                  std::to_string(hs.engine_id) + ": " +
+                  (HandshakeAuth::Signed(hs) ? "its MAC does not check (another token?)"
+                                             : "it carries no MAC (no --auth-token-file?)"));
+      // Answer with our own signed challenge all the same, so D can tell
+      // its operator why (it fails to verify us, or sees we require auth).
+      SendFrame(router_, &identity, ReplyTo(identity, hs));
+      return;
+    }
+    // A MAC that checks proves the token only together with a fresh
+    // challenge of ours: a replayed hello redeems nothing.
+    proved = challenges_.Redeem(identity, hs.echo);
+  }
   std::string why;
   if (!LayoutMatches(hs, &why) || hs.role == static_cast<uint8_t>(ConnectorRole::kProducer)) {
     ++counters_.handshake_refused;
@@ -364,6 +439,19 @@ void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg
   if (it != dpeers_.end() && it->second.peer.generation > peer.generation) {
     ++counters_.handshake_refused;  // an old incarnation, still talking
     return;
+  }
+  if (!proved) {
+    // The first hello of a D rank (or one that crossed our newest challenge
+    // on the wire): challenge it. An identity already proved for this very
+    // peer stays registered.
+    auto known = index_of_identity_.find(identity);
+    const bool registered = known != index_of_identity_.end() && it != dpeers_.end() &&
+                            known->second == peer.index && it->second.peer == peer &&
+                            it->second.registration == hs.registration;
+    if (!registered) {
+      SendFrame(router_, &identity, ReplyTo(identity, hs));
+      return;
+    }
   }
   if (it == dpeers_.end() || it->second.peer != peer ||
       it->second.registration != hs.registration || it->second.target == nullptr) {
@@ -391,10 +479,31 @@ void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg
     it->second.identity = identity;
   }
   index_of_identity_[identity] = peer.index;
-  SendFrame(router_, &identity, EncodeWire(OwnHandshake()));
+  SendFrame(router_, &identity, ReplyTo(identity, hs));
 }
 
 void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
+  if (auth_.enabled()) {
+    // P must sign its reply and echo a challenge of ours it has not
+    // answered before; anything else is not this P, or a replay.
+    const bool mac_ok = auth_.MacValid(HandshakeSide::kProducerReply, hs);
+    if (!mac_ok || !challenges_.Redeem(c.endpoint, hs.echo)) {
+      ++counters_.auth_failed;
+      LogOnce("rank", "auth_reply:" + c.endpoint,
+              "rank " + std::to_string(options_.rank) + ": refused the handshake of " +
+                  c.endpoint + ": " +
+                  (!HandshakeAuth::Signed(hs) ? "it carries no MAC (P has no --auth-token-file)"
+                   : !mac_ok                  ? "its MAC does not check (another token?)"
+                                              : "it answers no challenge of ours (a replay?)"));
+      return;
+    }
+  } else if (HandshakeAuth::Signed(hs)) {
+    ++counters_.auth_failed;
+    LogOnce("rank", "auth_required:" + c.endpoint,
+            "rank " + std::to_string(options_.rank) + ": " + c.endpoint +
+                " requires authentication: start this engine with --auth-token-file");
+    return;
+  }
   std::string why;
   if (!LayoutMatches(hs, &why) || hs.engine_id != c.engine || hs.rank != c.rank ||
       hs.role == static_cast<uint8_t>(ConnectorRole::kConsumer)) {
@@ -416,19 +525,26 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
     ++counters_.reconnects;
     conn_.Reconnected(peer, now);
   }
+  const bool was_up = c.known && c.state == Conn::kUp && c.peer == peer;
   c.known = true;
   c.peer = peer;
   c.state = Conn::kUp;
   c.last_heard = now;
+  if (auth_.enabled()) {
+    c.peer_nonce = hs.nonce;
+    // P takes our pulls only once we answered its challenge: answer it now,
+    // ahead of any pull on this socket, when the peer is new or came back.
+    if (!was_up) SendFrame(c.sock, nullptr, HelloFor(c));
+  }
   NotifyKnown();
 }
 
 void RankActor::NotifyKnown() {
-  std::lock_guard<std::mutex> lock(known_mu_);
+  MutexLock lock(&known_mu_);
   for (const auto& [key, c] : conns_) {
     if (c.known && c.state == Conn::kUp) known_.insert(key);
   }
-  known_cv_.notify_all();
+  known_cv_.NotifyAll();
 }
 
 RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::string& host,
@@ -452,19 +568,28 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   zmq_setsockopt(c.sock, ZMQ_ROUTING_ID, id.data(), id.size());
   const int interval_ms = 100;
   zmq_setsockopt(c.sock, ZMQ_RECONNECT_IVL, &interval_ms, sizeof interval_ms);
+  // A link that went silent (a partition) must not stay on its old TCP
+  // connection, whose retransmission backoff grows to minutes: ZMTP pings
+  // drop a connection silent for peer_down_after and ZeroMQ reconnects
+  // (each attempt bounded), so a healed link is used within a second or so.
+  const int ping_ms = static_cast<int>(options_.heartbeat.millis());
+  const int ping_timeout_ms = static_cast<int>(options_.peer_down_after.millis());
+  const int connect_timeout_ms = 1000;
+  zmq_setsockopt(c.sock, ZMQ_HEARTBEAT_IVL, &ping_ms, sizeof ping_ms);
+  zmq_setsockopt(c.sock, ZMQ_HEARTBEAT_TIMEOUT, &ping_timeout_ms, sizeof ping_timeout_ms);
+  zmq_setsockopt(c.sock, ZMQ_CONNECT_TIMEOUT, &connect_timeout_ms, sizeof connect_timeout_ms);
   if (zmq_connect(c.sock, c.endpoint.c_str()) != 0) {
     Log("rank", "cannot connect to %s: %s", c.endpoint.c_str(), zmq_strerror(zmq_errno()));
   }
-  SendFrame(c.sock, nullptr, EncodeWire(OwnHandshake()));
+  SendFrame(c.sock, nullptr, HelloFor(c));
   return c;
 }
 
 void RankActor::Heartbeat(Instant now) {
   next_heartbeat_ = now + options_.heartbeat;
   if (conns_.empty()) return;
-  const std::vector<uint8_t> hello = EncodeWire(OwnHandshake());
   for (auto& [key, c] : conns_) {
-    SendFrame(c.sock, nullptr, hello);
+    SendFrame(c.sock, nullptr, HelloFor(c));
     if (!c.known) continue;
     const Duration silent = now - c.last_heard;
     if (c.state == Conn::kUp && silent > options_.peer_down_after) {
@@ -479,7 +604,7 @@ void RankActor::Heartbeat(Instant now) {
           silent.seconds());
       conn_.PeerGone(c.peer, now);
       // A new request naming this engine must see a live handshake first.
-      std::lock_guard<std::mutex> lock(known_mu_);
+      MutexLock lock(&known_mu_);
       known_.erase(key);
     }
   }
@@ -577,7 +702,8 @@ void RankActor::SendOut(OutMessage out) {
       for (const BlockId& b : item.dst) blocks.push_back(b.index);
       region_->grants().Grant(item.transfer, blocks);
       granted_[item.transfer] = std::move(blocks);
-      pull_sent_.try_emplace({item.transfer, pull->pull_seq}, now);
+      pull_sent_.try_emplace({item.transfer, pull->pull_seq},
+                             PullSent{now, static_cast<uint32_t>(item.dst.size())});
       ++counters_.pulls_sent;
     }
     SendFrame(it->second.sock, nullptr, EncodeWire(*pull));

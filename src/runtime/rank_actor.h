@@ -29,6 +29,18 @@
 // load ends or is released (tcp's receiver refuses anything else). P only
 // writes blocks named in a pull it received from that D.
 //
+// Authentication (`auth_token` set): the handshake is a challenge-response
+// over the token (core/handshake_auth.h, docs/wire.md). P registers a D
+// rank, opens its memory and takes its pulls only after that D rank
+// answered a fresh challenge of P's; D takes a P rank's handshake (and so
+// its answers) only if it answers a fresh challenge of D's. Pulls from a D
+// rank that has not proved itself are dropped and counted.
+//
+// Pull checks on P: a pull item naming destination blocks outside the
+// region the D rank registered is answered kRejected at once and counted
+// (`pulls_refused_dst`); the send table refuses pulls for a transfer bound
+// to another D engine (SendTable::Claim).
+//
 // Bad input: every frame is decoded with WireLimits; a malformed frame, a
 // pull from a connection that never handshook, or a handshake whose layout
 // or transport differs is dropped, counted and logged once.
@@ -37,8 +49,8 @@
 // connector, sockets and maps are touched only by the actor's thread.
 #pragma once
 
+#include <array>
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +60,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
+#include "core/handshake_auth.h"
 #include "core/rank_connector.h"
 #include "core/wire.h"
 #include "engine/model.h"
@@ -78,12 +92,15 @@ struct RankActorOptions {
   Duration peer_down_after = Duration::Seconds(3);
   Duration peer_dead_after = Duration::Seconds(10);
   int socket_hwm = 100000;             // ZeroMQ high-water mark, each way
+  std::string auth_token;              // shared secret; empty: no authentication
 };
 
 // Counters, readable from any thread.
 struct RankCounters {
   std::atomic<uint64_t> frames_in{0}, frames_out{0};
   std::atomic<uint64_t> malformed{0};          // undecodable frames
+  // Of those, the ones refused for a WireLimits field (by WireLimit).
+  std::array<std::atomic<uint64_t>, kWireLimitCount> over_limit{};
   std::atomic<uint64_t> unknown_sender{0};     // pull before handshake
   std::atomic<uint64_t> handshake_refused{0};  // layout/transport mismatch
   std::atomic<uint64_t> unroutable{0};         // answer for a gone D
@@ -91,6 +108,14 @@ struct RankCounters {
   std::atomic<uint64_t> peers_down{0}, peers_gone{0}, reconnects{0};
   std::atomic<uint64_t> writes_ok{0}, writes_failed{0}, bytes_written{0};
   std::atomic<uint64_t> pulls_sent{0}, answers_received{0};
+  // Access control. auth_failed: handshakes refused because their MAC did
+  // not check, their echo redeemed no challenge, or one side has a token
+  // and the other not. Pull items refused on P: from a D rank that has not
+  // proved the token (`unauthenticated`), or naming blocks outside D's
+  // registered region (`dst_out_of_region`).
+  std::atomic<uint64_t> auth_failed{0};
+  std::atomic<uint64_t> pulls_refused_unauthenticated{0};
+  std::atomic<uint64_t> pulls_refused_dst{0};
 };
 
 struct PeerView {
@@ -103,7 +128,11 @@ struct PeerView {
 
 // A histogram sample the actor hands to the metrics layer.
 struct LatencySink {
-  std::function<void(double seconds, TransferResult result)> pull_answer;  // D
+  // D: one answer to a pull of `blocks` destination blocks, `seconds` after
+  // the pull was sent; `answered` is when it arrived (MonoNow).
+  std::function<void(TransferId transfer, uint32_t rank, uint32_t blocks, double seconds,
+                     TransferResult result, Instant answered)>
+      pull_answer;
   std::function<void(double seconds, bool ok)> transfer;                   // D: load
   std::function<void(double seconds)> write;                               // P
 };
@@ -138,7 +167,7 @@ class RankActor {
   // D: blocks until this rank has handshaken with every rank of producer
   // engine `engine` it pulls from (at host:port+rank), or `timeout`.
   Status EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
-                         uint32_t p_tp, Duration timeout);
+                         uint32_t p_tp, Duration timeout) EXCLUDES(known_mu_);
   std::optional<RankState> State();
   const RankCounters& counters() const { return counters_; }
   size_t inbox_size() const { return inbox_.size(); }
@@ -152,6 +181,7 @@ class RankActor {
     PeerId peer;
     enum State : uint8_t { kConnecting, kUp, kDown, kGone } state = kConnecting;
     Instant last_heard;
+    HandshakeNonce peer_nonce{};  // P's latest challenge, echoed in our next hello
   };
   struct DPeer {  // P: one D rank that handshook
     std::string identity;
@@ -169,12 +199,15 @@ class RankActor {
   void OnHandshakeFromP(Conn& c, const HandshakeMsg& hs);
   bool LayoutMatches(const HandshakeMsg& hs, std::string* why) const;
   HandshakeMsg OwnHandshake() const;
-  void Heartbeat(Instant now);
+  // D: a (signed) hello for `c`; P: a (signed) reply to `identity`'s hello.
+  std::vector<uint8_t> HelloFor(Conn& c);
+  std::vector<uint8_t> ReplyTo(const std::string& identity, const HandshakeMsg& hello);
+  void Heartbeat(Instant now) EXCLUDES(known_mu_);
   void Pump();
   void SendOut(OutMessage out);
   void StartWriteJob(StartWrite w);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
-  void NotifyKnown();
+  void NotifyKnown() EXCLUDES(known_mu_);
   bool SendFrame(void* sock, const std::string* identity, const std::vector<uint8_t>& frame);
 
   const RankActorOptions options_;
@@ -189,6 +222,7 @@ class RankActor {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   RankCounters counters_;
+  const HandshakeAuth auth_{options_.auth_token};
 
   // Actor thread only.
   void* router_ = nullptr;
@@ -198,14 +232,19 @@ class RankActor {
   std::unordered_map<TransferId, std::vector<uint32_t>> granted_;
   std::unordered_map<RequestId, TransferId> transfer_of_request_;
   std::unordered_map<TransferId, Instant> load_started_;
-  std::map<std::pair<TransferId, uint64_t>, Instant> pull_sent_;  // (transfer, seq)
+  struct PullSent {
+    Instant at;
+    uint32_t blocks = 0;
+  };
+  std::map<std::pair<TransferId, uint64_t>, PullSent> pull_sent_;  // (transfer, seq)
   std::vector<std::pair<WriteId, bool>> deferred_write_done_;
   Instant next_heartbeat_;
+  ChallengeBook challenges_{4096, 4};  // keyed by D identity (P) / P endpoint (D)
 
   // EnsureProducers waiters.
-  std::mutex known_mu_;
-  std::condition_variable known_cv_;
-  std::set<std::pair<uint32_t, uint32_t>> known_;  // guarded by known_mu_
+  Mutex known_mu_;
+  CondVar known_cv_;
+  std::set<std::pair<uint32_t, uint32_t>> known_ GUARDED_BY(known_mu_);
 };
 
 }  // namespace kvrelay::runtime

@@ -9,11 +9,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "engine/engine.h"
 
 namespace kvrelay::runtime {
@@ -23,46 +22,47 @@ class RequestStream {
   explicit RequestStream(uint64_t client) : client_(client) {}
   uint64_t client() const { return client_; }
 
-  void Push(const engine::TokenOut& t) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Push(const engine::TokenOut& t) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     tokens_.push_back(t);
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
-  void Finish(engine::FinishReason reason, std::string error) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Finish(engine::FinishReason reason, std::string error) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     done_ = true;
     reason_ = reason;
     error_ = std::move(error);
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Waits up to `timeout` for tokens past `*cursor` or the finish; appends
   // the new tokens to `out`, advances the cursor. True once finished and
   // every token was read.
   bool Wait(size_t* cursor, std::vector<engine::TokenOut>* out,
-            std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return done_ || tokens_.size() > *cursor; });
+            std::chrono::milliseconds timeout) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, timeout,
+                [&]() REQUIRES(mu_) { return done_ || tokens_.size() > *cursor; });
     for (; *cursor < tokens_.size(); ++*cursor) out->push_back(tokens_[*cursor]);
     return done_;
   }
-  engine::FinishReason reason() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  engine::FinishReason reason() const EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return reason_;
   }
-  std::string error() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::string error() const EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return error_;
   }
 
  private:
   const uint64_t client_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<engine::TokenOut> tokens_;
-  bool done_ = false;
-  engine::FinishReason reason_ = engine::FinishReason::kLength;
-  std::string error_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<engine::TokenOut> tokens_ GUARDED_BY(mu_);
+  bool done_ GUARDED_BY(mu_) = false;
+  engine::FinishReason reason_ GUARDED_BY(mu_) = engine::FinishReason::kLength;
+  std::string error_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvrelay::runtime

@@ -270,6 +270,18 @@ Result<AdminCall> ParseAdminCall(std::string_view path,
   return NotFoundError("no admin endpoint " + Quote(path));
 }
 
+Result<AdminCall> ParseAdminRequest(std::string_view path,
+                                    const std::multimap<std::string, std::string>& params,
+                                    std::string_view body) {
+  std::map<std::string, std::string> query;
+  for (const auto& [key, value] : params) {
+    if (!query.emplace(key, value).second) {
+      return InvalidArgumentError("query parameter " + Quote(key) + " is given more than once");
+    }
+  }
+  return ParseAdminCall(path, query, body);
+}
+
 std::string_view AdminCallName(const AdminCall& call) {
   struct Namer {
     std::string_view operator()(const PauseCall&) const { return "pause"; }

@@ -71,6 +71,15 @@ Result<AdminCall> ParseAdminCall(std::string_view path,
                                  const std::map<std::string, std::string>& query,
                                  std::string_view body);
 
+// The query parameters as the HTTP layer hands them over (httplib's
+// Params: a key may come more than once), checked and flattened: a repeated
+// parameter is refused (kInvalidArgument naming it), so "mode=wait&mode=abort"
+// is never read as either. Then ParseAdminCall. The handler and
+// fuzz/admin_call_fuzz.cc call this.
+Result<AdminCall> ParseAdminRequest(std::string_view path,
+                                    const std::multimap<std::string, std::string>& params,
+                                    std::string_view body);
+
 // The endpoint's name without the slash ("pause", "update_weights", ...),
 // for logs and metric labels.
 std::string_view AdminCallName(const AdminCall& call);

@@ -259,5 +259,21 @@ TEST(AdminCallTest, LongValuesInMessagesAreCut) {
   EXPECT_LT(r.status().message().size(), 120u);
 }
 
+// Parameters as httplib hands them over: a key given twice is refused,
+// never read as the first or the last.
+TEST(AdminRequestTest, RepeatedQueryParametersAreRefused) {
+  const std::multimap<std::string, std::string> twice = {{"mode", "wait"}, {"mode", "abort"}};
+  Result<AdminCall> r = ParseAdminRequest("/pause", twice, "");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("\"mode\" is given more than once"), std::string::npos);
+  const std::multimap<std::string, std::string> once = {{"mode", "wait"},
+                                                        {"clear_cache", "true"}};
+  r = ParseAdminRequest("/pause", once, "");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(std::get<PauseCall>(*r).mode, engine::PauseMode::kWait);
+  EXPECT_TRUE(std::get<PauseCall>(*r).clear_cache);
+}
+
 }  // namespace
 }  // namespace kvrelay::server

@@ -148,7 +148,7 @@ Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
   const std::string p = "kv_transfer_params.";
   std::optional<bool> decode, prefill;
   std::optional<std::string> transfer_text, host;
-  std::optional<int64_t> engine_id, port, remote_tp, consumer_tp;
+  std::optional<int64_t> engine_id, port, remote_tp, consumer_tp, consumer_engine;
   RETURN_IF_ERROR_(OptBool(kv, p, "do_remote_decode", &decode));
   RETURN_IF_ERROR_(OptBool(kv, p, "do_remote_prefill", &prefill));
   RETURN_IF_ERROR_(OptString(kv, p, "transfer_id", &transfer_text));
@@ -158,6 +158,8 @@ Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
   RETURN_IF_ERROR_(OptInt(kv, p, "remote_port", 1, 65535, &port));
   RETURN_IF_ERROR_(OptTpSize(kv, p, "remote_tp_size", &remote_tp));
   RETURN_IF_ERROR_(OptTpSize(kv, p, "consumer_tp_size", &consumer_tp));
+  RETURN_IF_ERROR_(OptInt(kv, p, "consumer_engine_id", 0, (int64_t{1} << 28) - 1,
+                            &consumer_engine));
 
   TransferId transfer;
   if (transfer_text) {
@@ -209,6 +211,7 @@ Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
   req->kv.do_remote_prefill = f;
   req->kv.remote_engine = static_cast<uint32_t>(engine_id.value_or(0));
   req->kv.remote_tp = static_cast<uint32_t>(f ? *remote_tp : consumer_tp.value_or(1));
+  if (d && consumer_engine) req->kv.consumer_engine = static_cast<uint32_t>(*consumer_engine);
   req->remote_host = host.value_or("");
   req->remote_port = static_cast<uint16_t>(port.value_or(0));
   return Status::Ok();
@@ -273,7 +276,8 @@ Status ParsePrompt(const json& doc, const ParseLimits& limits, CompletionRequest
     if (p->size() > limits.max_prompt_tokens) {
       return OutOfRangeError("prompt has " + std::to_string(p->size()) +
                              " tokens; the limit is " +
-                             std::to_string(limits.max_prompt_tokens));
+                             std::to_string(limits.max_prompt_tokens) +
+                             std::string(kPromptLimitTag));
     }
     req->prompt.reserve(p->size());
     for (size_t i = 0; i < p->size(); ++i) {
@@ -293,7 +297,8 @@ Status ParsePrompt(const json& doc, const ParseLimits& limits, CompletionRequest
   const size_t n = req->prompt.size();
   if (n > limits.max_prompt_tokens) {
     return OutOfRangeError("prompt has " + std::to_string(n) + " tokens; the limit is " +
-                           std::to_string(limits.max_prompt_tokens));
+                           std::to_string(limits.max_prompt_tokens) +
+                           std::string(kPromptLimitTag));
   }
   if (n >= limits.max_context) {
     return OutOfRangeError("prompt has " + std::to_string(n) + " tokens; the model's context of " +
@@ -388,6 +393,15 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
 
 int HttpStatusForParseError(const Status& status) {
   return status.code() == StatusCode::kResourceExhausted ? 413 : 400;
+}
+
+std::string_view ParseErrorLimit(const Status& status) {
+  if (status.code() == StatusCode::kResourceExhausted) return "body_bytes";
+  if (status.code() == StatusCode::kOutOfRange &&
+      status.message().find(kPromptLimitTag) != std::string::npos) {
+    return "prompt_tokens";
+  }
+  return {};
 }
 
 #undef RETURN_IF_ERROR_

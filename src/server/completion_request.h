@@ -69,4 +69,10 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
 // the limit, 400 otherwise.
 int HttpStatusForParseError(const Status& status);
 
+// Which configured limit a ParseCompletionRequest error is over, as the
+// label of kvrelay_limit_rejections_total: "body_bytes", "prompt_tokens"
+// (the message names the flag, kPromptLimitTag), or "" for any other error.
+std::string_view ParseErrorLimit(const Status& status);
+inline constexpr std::string_view kPromptLimitTag = " (--max-prompt-tokens)";
+
 }  // namespace kvrelay::server

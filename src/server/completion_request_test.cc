@@ -107,6 +107,18 @@ TEST(CompletionRequestTest, PrefillSide) {
   Result<CompletionRequest> r2 = Parse(with_tp);
   ASSERT_TRUE(r2.ok()) << r2.status().ToString();
   EXPECT_EQ(r2->kv.remote_tp, 4u);  // P: the consumer's tp
+  EXPECT_EQ(r2->kv.consumer_engine, UINT32_MAX);  // not named: the first D to pull
+
+  const std::string named = std::string(R"({"prompt":"a b","kv_transfer_params":{)") +
+                            R"("do_remote_decode":true,"consumer_engine_id":12,)" +
+                            R"("transfer_id":")" + kTransfer + R"("}})";
+  Result<CompletionRequest> r3 = Parse(named);
+  ASSERT_TRUE(r3.ok()) << r3.status().ToString();
+  EXPECT_EQ(r3->kv.consumer_engine, 12u);
+  const std::string bad = std::string(R"({"prompt":"a b","kv_transfer_params":{)") +
+                          R"("do_remote_decode":true,"consumer_engine_id":-1,)" +
+                          R"("transfer_id":")" + kTransfer + R"("}})";
+  EXPECT_FALSE(Parse(bad).ok());
 }
 
 TEST(CompletionRequestTest, VllmProxyStylePrefillBodyWithNulls) {
@@ -446,6 +458,27 @@ TEST(CompletionRequestTest, RandomMutationsNeverCrash) {
   EXPECT_GT(accepted, 500);
   EXPECT_LT(accepted, 19500);
   std::cout << "accepted " << accepted << " of 20000 mutations\n";
+}
+
+// The limit a refusal is over, as kvrelay_limit_rejections_total counts it.
+TEST(CompletionRequestTest, ParseErrorLimitNamesTheLimit) {
+  ParseLimits l = Limits();
+  l.max_body_bytes = 40;
+  l.max_prompt_tokens = 3;
+  auto limit_of = [&](const std::string& body) {
+    return std::string(ParseErrorLimit(ParseCompletionRequest(body, l).status()));
+  };
+  EXPECT_EQ(limit_of(R"({"prompt":"x","padding":")" + std::string(50, 'p') + "\"}"),
+            "body_bytes");
+  EXPECT_EQ(limit_of(R"({"prompt":[1,2,3,4]})"), "prompt_tokens");
+  EXPECT_EQ(limit_of(R"({"prompt":"a b c d"})"), "prompt_tokens");
+  const Status s = ParseCompletionRequest(R"({"prompt":[1,2,3,4]})", l).status();
+  EXPECT_NE(s.message().find("prompt has 4 tokens; the limit is 3 (--max-prompt-tokens)"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(limit_of(R"({"prompt":[1000]})"), "");      // a token id: not a configured limit
+  EXPECT_EQ(limit_of(R"({"prompt":"x","max_tokens":"2"})"), "");
+  EXPECT_EQ(limit_of(R"({"prompt":"x"})"), "");          // accepted
 }
 
 }  // namespace

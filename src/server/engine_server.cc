@@ -2,15 +2,20 @@
 
 #include <httplib.h>
 
-#include <condition_variable>
+#include <cerrno>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "base/mutex.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "server/admin_auth.h"
 #include "server/admin_call.h"
 #include "server/completion_request.h"
+#include "server/client_slots.h"
 #include "server/completion_response.h"
 #include "server/http_listen.h"
+#include "server/refused_handoff.h"
 #include "server/server_metrics.h"
 
 namespace kvrelay::server {
@@ -59,12 +64,6 @@ void SendError(httplib::Response& res, int code, const std::string& message,
   res.set_content(ErrorJson(message, type, code), "application/json");
 }
 
-std::map<std::string, std::string> QueryOf(const httplib::Request& req) {
-  std::map<std::string, std::string> q;
-  for (const auto& [k, v] : req.params) q[k] = v;
-  return q;
-}
-
 // One running completion, shared by the content provider and its releaser.
 struct Pending {
   std::shared_ptr<runtime::RequestStream> stream;
@@ -80,6 +79,7 @@ struct Pending {
   std::atomic<bool> finished{false};
   Instant started;
   bool first_token_seen = false;
+  std::optional<ClientSlots::Lease> slot;   // freed when the response is done
 };
 
 // Starts `call` on the engine (engine thread); `clients` are the engine ids
@@ -113,24 +113,29 @@ uint64_t StartAdminCall(const AdminCall& call, const std::vector<uint64_t>& clie
 }  // namespace
 
 struct EngineServer::Impl {
-  std::mutex ids_mu;
-  std::unordered_map<std::string, uint64_t> client_of_id;  // guarded by ids_mu
+  Mutex ids_mu;
+  std::unordered_map<std::string, uint64_t> client_of_id GUARDED_BY(ids_mu);
   ServerOptions options;
   std::unique_ptr<runtime::Node> node;
   ServerMetrics metrics;
   httplib::Server http;
   std::thread http_thread;
   ParseLimits limits;
+  std::unique_ptr<ClientSlots> client_slots;
   int64_t created_s = runtime::WallSeconds();
   std::atomic<int> bound_port{0};
   std::atomic<bool> stopping{false};
-  std::mutex stop_mu;
-  std::condition_variable stop_cv;
-  bool stopped = false;
+  Mutex stop_mu;
+  CondVar stop_cv;
+  bool stopped GUARDED_BY(stop_mu) = false;
 
   void Routes();
   void Completions(const httplib::Request& req, httplib::Response& res);
   void Admin(const httplib::Request& req, httplib::Response& res);
+  // With a token set: false (and a 401 in `res`) unless the request proves
+  // it (admin_auth.h). Admin calls and /debug/* go through it.
+  bool Authorized(const httplib::Request& req, httplib::Response& res);
+  std::unique_ptr<AdminAuth> auth;
   void ReleaseRefused(const std::string& body, const CompletionRequest* parsed);
   json DebugState();
   std::string Metrics();
@@ -140,11 +145,17 @@ struct EngineServer::Impl {
 Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->auth = std::make_unique<AdminAuth>(options.node.auth_token);
   if (impl->options.model_name.empty()) {
     impl->options.model_name = "kvrelay-" + options.node.engine.shape.name;
   }
   impl->limits = ParseLimitsFor(options.node.engine.shape, options.max_body_bytes);
   impl->limits.model_name = impl->options.model_name;
+  if (options.max_prompt_tokens != 0) {
+    impl->limits.max_prompt_tokens =
+        std::min(impl->limits.max_prompt_tokens, options.max_prompt_tokens);
+  }
+  impl->client_slots = std::make_unique<ClientSlots>(options.max_requests_per_client);
   runtime::NodeOptions node_options = options.node;
   node_options.latency = impl->metrics.LatencySink();
   Result<std::unique_ptr<runtime::Node>> node = runtime::Node::Start(node_options);
@@ -174,15 +185,17 @@ EngineServer::~EngineServer() { Stop(); }
 uint16_t EngineServer::port() const { return static_cast<uint16_t>(impl_->bound_port.load()); }
 
 void EngineServer::Wait() {
-  std::unique_lock<std::mutex> lock(impl_->stop_mu);
-  impl_->stop_cv.wait(lock, [&] { return impl_->stopped; });
+  Impl& impl = *impl_;
+  MutexLock lock(&impl.stop_mu);
+  impl.stop_cv.Wait(&impl.stop_mu, [&]() REQUIRES(impl.stop_mu) { return impl.stopped; });
 }
 
 void EngineServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(impl_->stop_mu);
-    if (impl_->stopped) return;
-    impl_->stopped = true;
+    Impl& impl = *impl_;
+    MutexLock lock(&impl.stop_mu);
+    if (impl.stopped) return;
+    impl.stopped = true;
   }
   impl_->stopping = true;
   // Drain first so open streams finish (aborted) and P answers its pulls;
@@ -190,7 +203,7 @@ void EngineServer::Stop() {
   impl_->node->Shutdown(Duration::Seconds(5));
   impl_->http.stop();
   if (impl_->http_thread.joinable()) impl_->http_thread.join();
-  impl_->stop_cv.notify_all();
+  impl_->stop_cv.NotifyAll();
 }
 
 // --- routes ------------------------------------------------------------------
@@ -234,8 +247,42 @@ void EngineServer::Impl::Routes() {
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
-  http.Get("/debug/state", [this](const httplib::Request&, httplib::Response& res) {
+  http.Get("/auth/nonce", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"nonce", auth->IssueNonce()},
+                         {"expires_in_s", auth->ttl().seconds()},
+                         {"auth_required", auth->enabled()}}
+                        .dump(),
+                    "application/json");
+  });
+  http.Get("/debug/state", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
     res.set_content(DebugState().dump(2), "application/json");
+  });
+  http.Get("/debug/pulls", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    uint64_t after = 0;
+    if (req.has_param("after")) {
+      const std::string v = req.get_param_value("after");
+      char* end = nullptr;
+      errno = 0;
+      after = std::strtoull(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno != 0 || v[0] == '-') {
+        return SendError(res, 400, "after must be a sample number (got '" + v + "')",
+                         "invalid_request_error");
+      }
+    }
+    json samples = json::array();
+    for (const PullSample& p : metrics.pull_log().Since(after, 10000)) {
+      samples.push_back({{"seq", p.seq},
+                         {"transfer_id", p.transfer.ToString()},
+                         {"rank", p.rank},
+                         {"blocks", p.blocks},
+                         {"pull_to_answer_s", p.pull_to_answer_s},
+                         {"result", std::string(TransferResultName(p.result))},
+                         {"answered_mono_ns", p.answered_mono_ns}});
+    }
+    res.set_content(json{{"last_seq", metrics.pull_log().last_seq()}, {"samples", samples}}.dump(),
+                    "application/json");
   });
   for (const char* path : {"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache",
                            "/release_kv_cache_memory", "/abort_requests", "/update_weights"}) {
@@ -243,10 +290,15 @@ void EngineServer::Impl::Routes() {
       Admin(req, res);
     });
   }
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                              : "request failed";
+    if (res.status == 413) metrics.LimitRejected("body_bytes");  // httplib refused the body
+    std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                        : "request failed";
+    if (res.status == 413) {
+      msg = "request body is longer than the limit of " + std::to_string(options.max_body_bytes) +
+            " bytes (--max-body-bytes)";
+    }
     res.set_content(ErrorJson(msg, "invalid_request_error", res.status), "application/json");
   });
 }
@@ -254,9 +306,22 @@ void EngineServer::Impl::Routes() {
 void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
   metrics.http_requests->Inc();
   if (stopping.load()) return SendError(res, 503, "server is shutting down", "server_error");
+  std::optional<ClientSlots::Lease> slot = client_slots->Acquire(req.remote_addr);
+  if (!slot) {
+    metrics.LimitRejected("requests_per_client");
+    ReleaseRefused(req.body, nullptr);
+    return SendError(res, 429,
+                     "too many requests at once from " + req.remote_addr + ": the limit is " +
+                         std::to_string(client_slots->max_per_client()) +
+                         " per client (--max-requests-per-client)",
+                     "rate_limit_error");
+  }
   Result<CompletionRequest> parsed = ParseCompletionRequest(req.body, limits);
   if (!parsed.ok()) {
     metrics.bad_requests->Inc();
+    if (std::string_view limit = ParseErrorLimit(parsed.status()); !limit.empty()) {
+      metrics.LimitRejected(limit);
+    }
     ReleaseRefused(req.body, nullptr);
     return SendError(res, HttpStatusForParseError(parsed.status()), parsed.status().message());
   }
@@ -285,6 +350,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   p->prompt_tokens = static_cast<uint32_t>(cr.prompt.size());
   p->stream_mode = cr.stream;
   p->started = runtime::MonoNow();
+  p->slot = std::move(slot);
   if (cr.has_kv && cr.kv.do_remote_decode) {
     p->kv_out = KvTransferOut{cr.kv.transfer, eo.engine_id, options.node.advertise_host,
                               options.node.ctrl_port, eo.tp};
@@ -301,7 +367,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   p->stream = std::move(*stream);
   metrics.requests_started->Inc();
   {
-    std::lock_guard<std::mutex> lock(ids_mu);
+    MutexLock lock(&ids_mu);
     client_of_id[p->id] = p->client;
   }
   const auto probe = options.disconnect_probe;
@@ -365,7 +431,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   };
   auto releaser = [this, p](bool) {
     {
-      std::lock_guard<std::mutex> lock(ids_mu);
+      MutexLock lock(&ids_mu);
       auto it = client_of_id.find(p->id);
       if (it != client_of_id.end() && it->second == p->client) client_of_id.erase(it);
     }
@@ -381,8 +447,25 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
                                    provider, releaser);
 }
 
+bool EngineServer::Impl::Authorized(const httplib::Request& req, httplib::Response& res) {
+  const AdminAuthVerdict v =
+      auth->Verify(req.method, req.target, req.body, req.get_header_value("Authorization"));
+  if (v == AdminAuthVerdict::kOk) return true;
+  metrics.AdminAuthRefused(v);
+  static const char* kWhy[kAdminAuthVerdicts] = {
+      "", "this engine requires an Authorization header (KVRELAY-HMAC; see GET /auth/nonce)",
+      "the Authorization header is not 'KVRELAY-HMAC nonce=<32 hex>, mac=<64 hex>'",
+      "the nonce is unknown, used or expired: get a fresh one from GET /auth/nonce",
+      "the MAC does not check (wrong token, or signed for another request)"};
+  Log("admin", "refused %s %s: %s", req.method.c_str(), req.path.c_str(),
+      AdminAuthVerdictName(v));
+  SendError(res, 401, kWhy[static_cast<int>(v)], "authentication_error");
+  return false;
+}
+
 void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& res) {
-  Result<AdminCall> call = ParseAdminCall(req.path, QueryOf(req), req.body);
+  if (!Authorized(req, res)) return;
+  Result<AdminCall> call = ParseAdminRequest(req.path, req.params, req.body);
   if (!call.ok()) {
     metrics.bad_requests->Inc();
     return SendError(res, 400, call.status().message());
@@ -390,7 +473,7 @@ void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& r
   const AdminCall c = *call;
   std::vector<uint64_t> clients;
   if (const auto* a = std::get_if<AbortRequestsCall>(&c); a && !a->all) {
-    std::lock_guard<std::mutex> lock(ids_mu);
+    MutexLock lock(&ids_mu);
     for (const std::string& id : a->request_ids) {
       auto it = client_of_id.find(id);
       if (it != client_of_id.end()) clients.push_back(it->second);
@@ -431,23 +514,11 @@ void EngineServer::Impl::ReleaseRefused(const std::string& body,
     port = parsed->remote_port;
   } else {
     // The body was refused: read just its kv_transfer_params, leniently.
-    json j = json::parse(body, nullptr, false);
-    if (!j.is_object() || !j.contains("kv_transfer_params")) return;
-    const json& k = j["kv_transfer_params"];
-    if (!k.is_object() || !k.value("do_remote_prefill", false)) return;
-    try {
-      if (!TransferId::Parse(k.at("transfer_id").get<std::string>(), &kv.transfer)) return;
-      kv.remote_engine = k.at("remote_engine_id").get<uint32_t>();
-      kv.remote_tp = k.at("remote_tp_size").get<uint32_t>();
-      host = k.at("remote_host").get<std::string>();
-      port = k.at("remote_port").get<uint16_t>();
-    } catch (const json::exception&) {
-      return;
-    }
-    if (kv.transfer.IsZero() || host.empty() || port == 0 || kv.remote_tp == 0 ||
-        kv.remote_tp > engine::kHeadGroups || engine::kHeadGroups % kv.remote_tp != 0) {
-      return;
-    }
+    std::optional<RefusedHandoff> h = ParseRefusedHandoff(body);
+    if (!h) return;
+    kv = h->kv;
+    host = h->host;
+    port = h->port;
   }
   if (!node->EnsureProducers(kv.remote_engine, host, port, kv.remote_tp).ok()) return;
   ConnectorMetadata meta;

@@ -34,7 +34,11 @@ struct ServerOptions {
   std::string http_host = "127.0.0.1";
   uint16_t http_port = 8100;
   std::string model_name;                 // default "kvrelay-<shape>"
-  size_t max_body_bytes = 1u << 20;
+  size_t max_body_bytes = 1u << 20;       // larger bodies get 413
+  uint32_t max_prompt_tokens = 0;         // 0: the model's context - 1; longer get 400
+  // POST /v1/completions at once per remote address (429 past it); 0: no
+  // limit. The default leaves room for a router's max_inflight, both legs.
+  uint32_t max_requests_per_client = 8192;
   uint32_t http_threads = 512;            // concurrent connections served
   std::chrono::milliseconds op_timeout{600'000};
   std::chrono::milliseconds disconnect_probe{200};

@@ -225,7 +225,7 @@ MetricsRegistry::Series& MetricsRegistry::AddSeries(std::string_view name, std::
 
 Counter* MetricsRegistry::AddCounter(std::string_view name, std::string_view help,
                                      MetricLabels labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Series& s = AddSeries(name, help, Type::kCounter, labels, nullptr);
   s.counter = std::make_unique<Counter>();
   return s.counter.get();
@@ -234,13 +234,13 @@ Counter* MetricsRegistry::AddCounter(std::string_view name, std::string_view hel
 void MetricsRegistry::AddCounterFn(std::string_view name, std::string_view help,
                                    MetricLabels labels, std::function<uint64_t()> fn) {
   KV_CHECK(fn != nullptr);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   AddSeries(name, help, Type::kCounter, labels, nullptr).counter_fn = std::move(fn);
 }
 
 Gauge* MetricsRegistry::AddGauge(std::string_view name, std::string_view help,
                                  MetricLabels labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Series& s = AddSeries(name, help, Type::kGauge, labels, nullptr);
   s.gauge = std::make_unique<Gauge>();
   return s.gauge.get();
@@ -249,21 +249,21 @@ Gauge* MetricsRegistry::AddGauge(std::string_view name, std::string_view help,
 void MetricsRegistry::AddGaugeFn(std::string_view name, std::string_view help,
                                  MetricLabels labels, std::function<double()> fn) {
   KV_CHECK(fn != nullptr);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   AddSeries(name, help, Type::kGauge, labels, nullptr).gauge_fn = std::move(fn);
 }
 
 Histogram* MetricsRegistry::AddHistogram(std::string_view name, std::string_view help,
                                          std::vector<double> bounds_s, MetricLabels labels) {
   auto h = std::make_unique<Histogram>(bounds_s);   // checks the bounds
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Series& s = AddSeries(name, help, Type::kHistogram, labels, &bounds_s);
   s.histogram = std::move(h);
   return s.histogram.get();
 }
 
 std::string MetricsRegistry::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::string out;
   for (const auto& f : families_) {
     const char* type = f->type == Type::kCounter ? "counter"

@@ -32,12 +32,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/time.h"
 
 namespace kvrelay::server {
@@ -127,12 +127,13 @@ class MetricsRegistry {
   enum class Type : uint8_t { kCounter, kGauge, kHistogram };
   struct Series;
   struct Family;
-  // Finds or creates the family and adds a series to it. Caller holds mu_.
+  // Finds or creates the family and adds a series to it.
   Series& AddSeries(std::string_view name, std::string_view help, Type type,
-                    const MetricLabels& labels, const std::vector<double>* bounds_s);
+                    const MetricLabels& labels, const std::vector<double>* bounds_s)
+      REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Family>> families_;   // registration order
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Family>> families_ GUARDED_BY(mu_);  // registration order
 };
 
 // A Prometheus sample value: shortest round-trip form, "NaN", "+Inf", "-Inf".

@@ -1,5 +1,6 @@
 #include "server/server_metrics.h"
 
+#include "base/check.h"
 #include "server/admin_call.h"
 
 namespace kvrelay::server {
@@ -134,6 +135,16 @@ ServerMetrics::ServerMetrics() {
     for (const auto& rk : s->ranks) n += rk.send_stats.pull_items;
     return n;
   });
+  counter("kvrelay_pulls_resent_total",
+          "pull items received again after a reconnect (P): still live (answered once, "
+          "later) or already answered (the same answer again)",
+          {}, [s] {
+            uint64_t n = 0;
+            for (const auto& rk : s->ranks) {
+              n += rk.send_stats.duplicate_items + rk.send_stats.reanswered;
+            }
+            return n;
+          });
   for (int i = 0; i < kTransferResultCount; ++i) {
     const std::string name(TransferResultName(static_cast<TransferResult>(i)));
     counter("kvrelay_pulls_answered_total", "pull items answered (P), by outcome",
@@ -198,6 +209,41 @@ ServerMetrics::ServerMetrics() {
     const int slot = c.slot;
     counter(c.name, c.help, {}, [s, slot] { return s->counters[slot]; });
   }
+  const char* kLimitHelp = "requests and control frames refused for a configured limit, by limit";
+  for (const char* limit : {"body_bytes", "prompt_tokens", "requests_per_client"}) {
+    limit_rejections_[limit] =
+        r.AddCounter("kvrelay_limit_rejections_total", kLimitHelp, {{"limit", limit}});
+  }
+  for (int i = 0; i < kWireLimitCount; ++i) {
+    counter("kvrelay_limit_rejections_total", kLimitHelp,
+            {{"limit", std::string(WireLimitName(static_cast<WireLimit>(i)))}},
+            [s, i] { return s->over_limit[i]; });
+  }
+  // Access control (docs/operations.md, "Access control").
+  const char* kRefusedHelp = "pull items refused (P), by reason";
+  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "unauthenticated"}},
+          [s] { return s->access[1]; });
+  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "dst_out_of_region"}},
+          [s] { return s->access[2]; });
+  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "wrong_engine"}}, [s] {
+    uint64_t n = 0;
+    for (const auto& rk : s->ranks) n += rk.send_stats.refused_wrong_engine;
+    return n;
+  });
+  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "unknown_transfer"}}, [s] {
+    uint64_t n = 0;
+    for (const auto& rk : s->ranks) n += rk.send_stats.unknown_transfer_expired;
+    return n;
+  });
+  counter("kvrelay_handshakes_auth_failed_total",
+          "control-channel handshakes refused: no, wrong or replayed proof of the token", {},
+          [s] { return s->access[0]; });
+  for (int v = 1; v < kAdminAuthVerdicts; ++v) {
+    admin_auth_refused_[v] = r.AddCounter(
+        "kvrelay_admin_auth_refused_total",
+        "admin and /debug requests refused (401): missing, malformed, unknown_nonce, bad_mac",
+        {{"reason", AdminAuthVerdictName(static_cast<AdminAuthVerdict>(v))}});
+  }
   counter("kvrelay_transport_writes_refused_total",
           "tcp receiver: writes refused (not granted or out of range)", {},
           [s] { return s->transport[0]; });
@@ -207,9 +253,20 @@ ServerMetrics::ServerMetrics() {
           [s] { return s->transport[2]; });
 }
 
+void ServerMetrics::LimitRejected(std::string_view limit) {
+  auto it = limit_rejections_.find(limit);
+  KV_CHECK_MSG(it != limit_rejections_.end(), "an unregistered limit label");
+  it->second->Inc();
+}
+
 void ServerMetrics::RequestFinished(engine::FinishReason reason, double seconds) {
   finished_[static_cast<int>(reason)]->Inc();
   request_latency_->ObserveSeconds(seconds);
+}
+
+void ServerMetrics::AdminAuthRefused(AdminAuthVerdict verdict) {
+  const int v = static_cast<int>(verdict);
+  if (v > 0 && v < kAdminAuthVerdicts) admin_auth_refused_[v]->Inc();
 }
 
 void ServerMetrics::AdminCall(std::string_view call, bool ok, double seconds) {
@@ -221,7 +278,11 @@ void ServerMetrics::AdminCall(std::string_view call, bool ok, double seconds) {
 
 runtime::LatencySink ServerMetrics::LatencySink() {
   runtime::LatencySink sink;
-  sink.pull_answer = [this](double s, TransferResult) { pull_answer_latency_->ObserveSeconds(s); };
+  sink.pull_answer = [this](TransferId transfer, uint32_t rank, uint32_t blocks, double s,
+                            TransferResult result, Instant answered) {
+    pull_answer_latency_->ObserveSeconds(s);
+    pull_log_.Add(PullSample{0, transfer, rank, blocks, s, result, answered.ns()});
+  };
   sink.transfer = [this](double s, bool ok) {
     (ok ? transfer_latency_ok_ : transfer_latency_failed_)->ObserveSeconds(s);
   };
@@ -230,7 +291,7 @@ runtime::LatencySink ServerMetrics::LatencySink() {
 }
 
 std::string ServerMetrics::Render(runtime::Node& node) {
-  std::lock_guard<std::mutex> lock(render_mu_);
+  MutexLock lock(&render_mu_);
   snap_ = Snapshot{};
   if (auto e = node.engine().Query([](const engine::Engine& en) { return en.Snapshot(); })) {
     snap_.engine = *e;
@@ -244,6 +305,10 @@ std::string ServerMetrics::Render(runtime::Node& node) {
         &c.writes_ok,   &c.writes_failed, &c.bytes_written, &c.pulls_sent,
         &c.answers_received};
     for (int i = 0; i < kSlots; ++i) snap_.counters[i] += fields[i]->load();
+    snap_.access[0] += c.auth_failed.load();
+    snap_.access[1] += c.pulls_refused_unauthenticated.load();
+    snap_.access[2] += c.pulls_refused_dst.load();
+    for (int i = 0; i < kWireLimitCount; ++i) snap_.over_limit[i] += c.over_limit[i].load();
   }
   const net::TransportStats& ts = node.transport().stats();
   snap_.transport[0] = ts.writes_refused.load();

@@ -12,12 +12,14 @@
 
 #include <array>
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "base/mutex.h"
 #include "engine/engine.h"
 #include "runtime/node.h"
+#include "server/admin_auth.h"
 #include "server/metrics.h"
+#include "server/pull_log.h"
 
 namespace kvrelay::server {
 
@@ -32,13 +34,22 @@ class ServerMetrics {
   Counter* client_disconnects;
   Counter* refused_releases;
 
+  // A request refused for a configured limit: kvrelay_limit_rejections_total
+  // {limit="body_bytes"|"prompt_tokens"|"requests_per_client"}. The wire
+  // limits (wire_*) are read from the rank actors' counters at scrape time.
+  void LimitRejected(std::string_view limit);
+
   void RequestFinished(engine::FinishReason reason, double seconds);
   void AdminCall(std::string_view call, bool ok, double seconds);
-  // For the rank actors: latencies they measure.
+  // An admin call or /debug/* request refused for want of proof of the token.
+  void AdminAuthRefused(AdminAuthVerdict verdict);
+  // For the rank actors: latencies they measure. Each pull answer also
+  // goes to pull_log().
   runtime::LatencySink LatencySink();
+  const PullLog& pull_log() const { return pull_log_; }
 
   // The whole exposition, with the node's state read now.
-  std::string Render(runtime::Node& node);
+  std::string Render(runtime::Node& node) EXCLUDES(render_mu_);
 
  private:
   struct Snapshot {
@@ -46,18 +57,26 @@ class ServerMetrics {
     std::vector<runtime::RankState> ranks;
     uint64_t counters[16] = {};
     uint64_t transport[6] = {};
+    uint64_t access[3] = {};  // auth_failed, refused unauthenticated, refused dst
+    uint64_t over_limit[kWireLimitCount] = {};
   };
   MetricsRegistry registry_;
   std::array<Counter*, 3> finished_{};
   Histogram* request_latency_;
+  std::array<Counter*, kAdminAuthVerdicts> admin_auth_refused_{};
   std::map<std::string, std::pair<Counter*, Counter*>, std::less<>> admin_calls_;
   std::map<std::string, Histogram*, std::less<>> admin_latency_;
+  std::map<std::string, Counter*, std::less<>> limit_rejections_;
   Histogram* pull_answer_latency_;
   Histogram* transfer_latency_ok_;
   Histogram* transfer_latency_failed_;
   Histogram* write_latency_;
-  std::mutex render_mu_;
-  Snapshot snap_;  // guarded by render_mu_; read by the registry's fns
+  PullLog pull_log_;
+  Mutex render_mu_;
+  // The registry's fns read it through a pointer taken at construction;
+  // they run only inside registry_.Render(), which Render() calls with
+  // render_mu_ held.
+  Snapshot snap_ GUARDED_BY(render_mu_);
 };
 
 }  // namespace kvrelay::server

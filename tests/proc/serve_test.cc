@@ -563,7 +563,7 @@ TEST_P(PdTest, MalformedWireMessages) {
       ASSERT_TRUE(dealer.Send(random));
 
       std::vector<uint8_t> bad_version = heartbeat;
-      PutU16(bad_version, 4, 2);
+      PutU16(bad_version, 4, kWireVersion + 1);
       ASSERT_TRUE(dealer.Send(bad_version));
 
       std::vector<uint8_t> huge = heartbeat;

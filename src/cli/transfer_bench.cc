@@ -1,0 +1,596 @@
+// transfer_bench.cc — see transfer_bench.h. The sections, in run order per
+// transport: bandwidth by size (kvrelay, then the raw baseline for the same
+// segments), one-block pull latency, abort probes; then the ZeroMQ round
+// trip, the summary of targets, --json and --plot.
+#include "cli/transfer_bench.h"
+
+#include <httplib.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/prng.h"
+#include "base/transfer_id.h"
+#include "bench/load_gen.h"
+#include "bench/raw_baseline.h"
+#include "cli/local_cluster.h"
+#include "engine/model.h"
+#include "net/write_plan.h"
+#include "router/engine_info.h"
+#include "router/leg_bodies.h"
+#include "router/transfer_id_source.h"
+
+namespace kvrelay::cli {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  const double frac = pos - static_cast<double>(i);
+  return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
+}
+
+std::string Human(uint64_t bytes) {
+  char b[32];
+  if (bytes >= (1ull << 30)) {
+    std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  } else if (bytes >= (1ull << 20)) {
+    std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
+  } else {
+    std::snprintf(b, sizeof b, "%.0f KiB", static_cast<double>(bytes) / 1024);
+  }
+  return b;
+}
+
+struct SizeRow {
+  std::string transport;
+  uint32_t blocks = 0;
+  uint64_t bytes = 0;
+  uint32_t transfers = 0;
+  double kv_p50_s = 0, kv_p99_s = 0, base_p50_s = 0;
+  double kv_gbps() const { return kv_p50_s > 0 ? static_cast<double>(bytes) / kv_p50_s / 1e9 : 0; }
+  double base_gbps() const {
+    return base_p50_s > 0 ? static_cast<double>(bytes) / base_p50_s / 1e9 : 0;
+  }
+  double ratio() const { return base_gbps() > 0 ? kv_gbps() / base_gbps() : 0; }
+};
+
+struct LatencyRow {
+  std::string transport;
+  uint64_t bytes = 0;
+  uint32_t samples = 0;
+  double p50_s = 0, p99_s = 0;
+};
+
+struct AbortRow {
+  std::string transport;
+  uint32_t probes = 0, answered = 0;
+  double p50_s = 0, p99_s = 0, max_s = 0;
+};
+
+// One P and one D engine (and the cluster's router, unused here), with
+// HTTP clients and a cursor into D's pull log.
+class BenchCluster {
+ public:
+  // `modelled`: the demo's modelled step times (for a load); otherwise
+  // steps cost nothing but writing the KV bytes.
+  Status Start(const TransferBenchOptions& o, const std::string& transport,
+               const std::string& shape, uint32_t pool_blocks, uint32_t max_prompt_tokens,
+               bool modelled = false) {
+    ClusterOptions c;
+    c.logs = o.logs + "/" + transport + "-" + shape + (modelled ? "-load" : "");
+    c.transport = transport;
+    c.shape = shape;
+    c.num_blocks = pool_blocks;
+    if (modelled) {
+      c.engine_args = {"--tcp-streams", std::to_string(o.tcp_streams)};
+    } else {
+      c.step_per_token_us = 0;
+      c.engine_args = {"--step-base-us", "0", "--no-prefix-caching", "--max-batch-tokens",
+                       std::to_string(std::max<uint32_t>(8192, max_prompt_tokens + 64)),
+                       "--tcp-streams", std::to_string(o.tcp_streams)};
+    }
+    if (!o.ucx_tls.empty()) {
+      c.engine_args.push_back("--ucx-tls");
+      c.engine_args.push_back(o.ucx_tls);
+    }
+    if (Status s = cluster_.Start(c); !s.ok()) return s;
+    p_ = std::make_unique<httplib::Client>(cluster_.p_urls()[0]);
+    d_ = std::make_unique<httplib::Client>(cluster_.d_urls()[0]);
+    for (auto* cli : {p_.get(), d_.get()}) {
+      cli->set_read_timeout(120, 0);
+      cli->set_keep_alive(true);
+    }
+    auto info = p_->Get("/kv_info");
+    if (!info || info->status != 200) return UnavailableError("P's /kv_info did not answer");
+    Result<router::EngineInfo> parsed = router::ParseEngineInfo(info->body);
+    if (!parsed.ok()) return parsed.status();
+    p_info_ = *parsed;
+    if (!engine::ModelShapeByName(shape, &shape_)) {
+      return InvalidArgumentError("unknown model shape '" + shape + "'");
+    }
+    auto pulls = d_->Get("/debug/pulls?after=0");
+    if (!pulls || pulls->status != 200) return UnavailableError("D's /debug/pulls did not answer");
+    cursor_ = json::parse(pulls->body).at("last_seq").get<uint64_t>();
+    return Status::Ok();
+  }
+
+  std::string Stop() { return cluster_.Stop(); }
+
+  const engine::ModelShape& shape() const { return shape_; }
+  const std::string& router_url() const { return cluster_.router_url(); }
+  const std::string& p_url() const { return cluster_.p_urls()[0]; }
+  const std::string& d_url() const { return cluster_.d_urls()[0]; }
+  httplib::Client& p() { return *p_; }
+  httplib::Client& d() { return *d_; }
+  const router::EngineInfo& p_info() const { return p_info_; }
+
+  // A fresh prompt of `tokens` random tokens.
+  json Prompt(Prng& prng, uint32_t tokens) const {
+    json ids = json::array();
+    for (uint32_t i = 0; i < tokens; ++i) ids.push_back(1 + prng.Uniform(shape_.vocab - 1));
+    return json{{"prompt", ids}, {"max_tokens", 1}, {"stream", false}};
+  }
+
+  // P prefills `client` and holds its KV for transfer `t`.
+  Status Prefill(const json& client, const TransferId& t) {
+    auto r = p_->Post("/v1/completions", router::PrefillLegBody(client, t, 1), "application/json");
+    if (!r) return UnavailableError("P leg: no answer");
+    if (r->status != 200 || router::JudgeCompletion(r->body).failed()) {
+      return UnavailableError("P leg: " + std::to_string(r->status) + " " +
+                             router::UpstreamErrorMessage(r->body));
+    }
+    return Status::Ok();
+  }
+
+  // D pulls `t` and decodes one token; the pull's sample from D's log.
+  struct Pulled {
+    uint32_t blocks = 0;
+    double seconds = 0;
+    std::string result;
+    int64_t answered_mono_ns = 0;
+  };
+  Result<Pulled> Decode(const json& client, const TransferId& t) {
+    auto r = d_->Post("/v1/completions", router::DecodeLegBody(client, t, p_info_),
+                      "application/json");
+    if (!r) return UnavailableError("D leg: no answer");
+    if (r->status != 200 || router::JudgeCompletion(r->body).failed()) {
+      return UnavailableError("D leg: " + std::to_string(r->status) + " " +
+                             router::UpstreamErrorMessage(r->body));
+    }
+    return FindPull(t);
+  }
+
+  // The answer(s) D logged for `t` since the last call (tp 1: one).
+  Result<Pulled> FindPull(const TransferId& t) {
+    const std::string id = t.ToString();
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      auto r = d_->Get(("/debug/pulls?after=" + std::to_string(cursor_)).c_str());
+      if (!r || r->status != 200) return UnavailableError("D's /debug/pulls did not answer");
+      const json doc = json::parse(r->body);
+      for (const json& s : doc.at("samples")) {
+        cursor_ = std::max(cursor_, s.at("seq").get<uint64_t>());
+        if (s.at("transfer_id").get<std::string>() == id) {
+          return Pulled{s.at("blocks").get<uint32_t>(), s.at("pull_to_answer_s").get<double>(),
+                        s.at("result").get<std::string>(), s.at("answered_mono_ns").get<int64_t>()};
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return NotFoundError("D logged no answer for transfer " + id);
+  }
+
+ private:
+  LocalCluster cluster_;
+  std::unique_ptr<httplib::Client> p_, d_;
+  router::EngineInfo p_info_;
+  engine::ModelShape shape_;
+  uint64_t cursor_ = 0;
+};
+
+// The baseline's transfers: for each of kvrelay's, the same number of
+// blocks, as consecutive runs walking through both pools.
+std::vector<bench::RawTransfer> BaselineTransfers(const engine::ModelShape& shape,
+                                                 uint32_t pool_blocks, uint32_t blocks,
+                                                 size_t count) {
+  std::vector<bench::RawTransfer> out;
+  uint32_t src = 0, dst = pool_blocks / 2;
+  for (size_t i = 0; i < count; ++i) {
+    if (src + blocks > pool_blocks) src = 0;
+    if (dst + blocks > pool_blocks) dst = 0;
+    std::vector<BlockId> s, d;
+    for (uint32_t b = 0; b < blocks; ++b) {
+      s.push_back(BlockId{src + b, 1});
+      d.push_back(BlockId{dst + b, 1});
+    }
+    out.push_back(net::PlanWrite(shape, 1, 0, pool_blocks, 1, 0, pool_blocks, s, d));
+    src += blocks;
+    dst += blocks;
+  }
+  return out;
+}
+
+Result<std::vector<double>> RunBaseline(const std::string& transport,
+                                        const std::vector<bench::RawTransfer>& transfers,
+                                        const bench::RawOptions& raw) {
+  if (transport == "shm") return bench::RawShmCopy(transfers, raw);
+  if (transport == "tcp") return bench::RawTcpStream(transfers, raw);
+  return bench::RawUcxPut(transfers, raw);
+}
+
+std::string SizeLine(const SizeRow& r, const char* base_name) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "  %-4s %6u blk %10s  n=%-3u kvrelay %6.2f GB/s (p50 %8.3f ms, p99 %8.3f ms)  "
+                "%s %6.2f GB/s  ratio %.2f\n",
+                r.transport.c_str(), r.blocks, Human(r.bytes).c_str(), r.transfers, r.kv_gbps(),
+                r.kv_p50_s * 1e3, r.kv_p99_s * 1e3, base_name, r.base_gbps(), r.ratio());
+  return line;
+}
+
+// Bandwidth by size for one transport.
+Status BandwidthSection(const TransferBenchOptions& o, const std::string& transport,
+                        Prng& prng, std::vector<SizeRow>* rows) {
+  const uint32_t largest = *std::max_element(o.sizes_blocks.begin(), o.sizes_blocks.end());
+  const uint32_t pool = o.pool_blocks != 0 ? o.pool_blocks : std::max<uint32_t>(4 * largest, 256);
+  engine::ModelShape shape;
+  if (!engine::ModelShapeByName(o.shape, &shape)) {
+    return InvalidArgumentError("unknown model shape '" + o.shape + "'");
+  }
+  const uint64_t block_bytes = shape.BlockBytesPerRank(1);
+  // A prompt that fills its blocks exactly: D pulls every one of them.
+  auto tokens_for = [&](uint32_t blocks) { return blocks * shape.block_tokens; };
+  if (tokens_for(largest) + 1 > shape.max_context) {
+    return InvalidArgumentError("largest size (" + std::to_string(largest) + " blocks) exceeds " +
+                                o.shape + "'s context of " + std::to_string(shape.max_context) +
+                                " tokens");
+  }
+  BenchCluster c;
+  std::printf("[%s] starting P and D (%s, %u blocks of %s each) ...\n", transport.c_str(),
+              o.shape.c_str(), pool, Human(block_bytes).c_str());
+  std::fflush(stdout);
+  if (Status s = c.Start(o, transport, o.shape, pool, tokens_for(largest)); !s.ok()) return s;
+  Status status = Status::Ok();
+  // Warm-up: connections, handshakes, first touches.
+  for (uint32_t blocks : {1u, largest}) {
+    TransferId t;
+    json client = c.Prompt(prng, tokens_for(blocks));
+    auto id = router::NewTransferIdFromOs();
+    if (!id.ok()) return id.status();
+    t = *id;
+    if (status = c.Prefill(client, t); !status.ok()) break;
+    if (auto r = c.Decode(client, t); !r.ok()) status = r.status();
+  }
+  const char* base_name = transport == "shm" ? "raw copy" : transport == "tcp" ? "raw stream" : "raw put";
+  for (uint32_t blocks : o.sizes_blocks) {
+    if (!status.ok()) break;
+    const uint64_t bytes = blocks * block_bytes;
+    const uint32_t n = static_cast<uint32_t>(std::clamp<uint64_t>(
+        (o.bytes_per_size + bytes - 1) / bytes, o.min_transfers, o.max_transfers));
+    std::vector<double> kv;
+    for (uint32_t i = 0; i < n && status.ok(); ++i) {
+      json client = c.Prompt(prng, tokens_for(blocks));
+      auto id = router::NewTransferIdFromOs();
+      if (!id.ok()) return id.status();
+      if (status = c.Prefill(client, *id); !status.ok()) break;
+      auto r = c.Decode(client, *id);
+      if (!r.ok()) {
+        status = r.status();
+        break;
+      }
+      if (r->result != "ok" || r->blocks != blocks) {
+        status = InternalError("transfer of " + std::to_string(blocks) + " blocks: D pulled " +
+                               std::to_string(r->blocks) + " blocks, answer " + r->result);
+        break;
+      }
+      kv.push_back(r->seconds);
+    }
+    if (!status.ok()) break;
+    bench::RawOptions raw;
+    raw.src_pool_bytes = pool * block_bytes;
+    raw.dst_pool_bytes = pool * block_bytes;
+    raw.ucx_tls = o.ucx_tls;
+    Result<std::vector<double>> base = RunBaseline(transport, BaselineTransfers(shape, pool, blocks, n), raw);
+    if (!base.ok()) {
+      status = base.status();
+      break;
+    }
+    SizeRow row{transport, blocks, bytes, n, Percentile(kv, 0.5), Percentile(kv, 0.99),
+                Percentile(*base, 0.5)};
+    rows->push_back(row);
+    std::fputs(SizeLine(row, base_name).c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const std::string stopped = c.Stop();
+  if (!status.ok()) {
+    return Status(status.code(), "[" + transport + "] " + status.message() + " (logs in " + o.logs +
+                                     "; " + stopped + ")");
+  }
+  return Status::Ok();
+}
+
+// One-block pull→answer latency on the latency shape.
+Status LatencySection(const TransferBenchOptions& o, const std::string& transport, Prng& prng,
+                      std::vector<LatencyRow>* rows) {
+  BenchCluster c;
+  if (Status s = c.Start(o, transport, o.latency_shape, 256, 64); !s.ok()) return s;
+  const uint32_t tokens = c.shape().block_tokens;
+  std::vector<double> samples;
+  Status status = Status::Ok();
+  for (uint32_t i = 0; i < o.latency_samples + 20 && status.ok(); ++i) {
+    json client = c.Prompt(prng, tokens);
+    auto id = router::NewTransferIdFromOs();
+    if (!id.ok()) return id.status();
+    if (status = c.Prefill(client, *id); !status.ok()) break;
+    auto r = c.Decode(client, *id);
+    if (!r.ok()) {
+      status = r.status();
+    } else if (i >= 20) {  // the first 20 warm up
+      samples.push_back(r->seconds);
+    }
+  }
+  c.Stop();
+  if (!status.ok()) return status;
+  LatencyRow row{transport, c.shape().BlockBytesPerRank(1), static_cast<uint32_t>(samples.size()),
+                 Percentile(samples, 0.5), Percentile(samples, 0.99)};
+  rows->push_back(row);
+  std::printf("  %-4s one block of %s (%s): pull→answer p50 %.1f µs, p99 %.1f µs (n=%u)\n",
+              transport.c_str(), Human(row.bytes).c_str(), o.latency_shape.c_str(), row.p50_s * 1e6,
+              row.p99_s * 1e6, row.samples);
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+// Abort on P → answer at D, under the demo's load through the router:
+// each probe sends a long prompt's two legs straight to P and D, waits
+// until D's pull is out and P is still prefilling, aborts the P leg, and
+// takes D's answer time minus the abort's send time (both on
+// CLOCK_MONOTONIC, host-wide). Probes whose pull left after the abort, or
+// whose transfer finished first, measure nothing and are only counted.
+Status AbortSection(const TransferBenchOptions& o, const std::string& transport, Prng& prng,
+                    std::vector<AbortRow>* rows) {
+  BenchCluster c;
+  if (Status s = c.Start(o, transport, "tiny", 0, 0, true); !s.ok()) return s;
+  LoadOptions load;
+  load.url = c.router_url();
+  load.requests = 1000000;
+  load.concurrency = 96;
+  load.progress = false;
+  load.seed = o.seed;
+  load.duration_s = 2.0 + 0.1 * o.abort_probes;
+  LoadReport report;
+  std::thread loader([&] { report = RunLoad(load); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the load ramps up
+  std::vector<double> latency;
+  uint32_t finished_first = 0, pulled_late = 0, lost = 0;
+  httplib::Client admin(c.p_url());
+  for (uint32_t i = 0; i < o.abort_probes; ++i) {
+    const std::string rid = "abort-probe-" + std::to_string(o.seed) + "-" + std::to_string(i);
+    json client = c.Prompt(prng, 900);
+    client["request_id"] = rid;
+    client["max_tokens"] = 4;
+    auto id = router::NewTransferIdFromOs();
+    if (!id.ok()) return id.status();
+    const TransferId t = *id;
+    std::thread p_leg([&] { (void)c.Prefill(client, t); });
+    std::thread d_leg([&] {
+      httplib::Client d(c.d_url());
+      d.set_read_timeout(60, 0);
+      (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()),
+                   "application/json");
+    });
+    // D sends its pull within about a millisecond; P's prefill of 900
+    // tokens takes ~18 ms at the demo's step times.
+    std::this_thread::sleep_for(std::chrono::microseconds(1000 + prng.Uniform(3000)));
+    const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           Clock::now().time_since_epoch()).count();
+    (void)admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump(), "application/json");
+    p_leg.join();
+    d_leg.join();
+    auto pulled = c.FindPull(t);
+    if (!pulled.ok()) {
+      ++lost;
+    } else if (pulled->result == "ok") {
+      ++finished_first;
+    } else {
+      const double sent_ns = static_cast<double>(pulled->answered_mono_ns) - pulled->seconds * 1e9;
+      if (sent_ns > static_cast<double>(t0)) {
+        ++pulled_late;
+      } else {
+        latency.push_back(static_cast<double>(pulled->answered_mono_ns - t0) / 1e9);
+      }
+    }
+  }
+  loader.join();
+  c.Stop();
+  AbortRow row{transport, o.abort_probes, static_cast<uint32_t>(latency.size()),
+               Percentile(latency, 0.5), Percentile(latency, 0.99),
+               latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end())};
+  rows->push_back(row);
+  std::printf("  %-4s abort on P → answer at D: p50 %.2f ms, p99 %.2f ms, max %.2f ms over %u "
+              "probes (%u finished before the abort, %u pulled after it, %u never answered); "
+              "load: %u ok, %u clean errors, %u failed\n",
+              transport.c_str(), row.p50_s * 1e3, row.p99_s * 1e3, row.max_s * 1e3, row.answered,
+              finished_first, pulled_late, lost, report.ok, report.clean_errors, report.failed);
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+void WritePlot(const std::string& path, const std::vector<SizeRow>& rows) {
+  const std::string data = path + ".dat", script = path + ".gp";
+  std::ofstream d(data);
+  std::map<std::string, int> index;
+  std::vector<std::string> order;
+  for (const SizeRow& r : rows) {
+    if (index.emplace(r.transport, static_cast<int>(order.size())).second) order.push_back(r.transport);
+  }
+  for (const std::string& t : order) {
+    d << "# " << t << "\n";
+    for (const SizeRow& r : rows) {
+      if (r.transport == t) {
+        d << static_cast<double>(r.bytes) / (1 << 20) << " " << r.kv_gbps() << " " << r.base_gbps()
+          << "\n";
+      }
+    }
+    d << "\n\n";
+  }
+  d.close();
+  std::ofstream g(script);
+  g << "set terminal png size 1000,640\nset output '" << path << "'\n"
+    << "set title 'kvrelay bench transfer: bandwidth against transfer size'\n"
+    << "set logscale x 2\nset xlabel 'transfer size (MiB)'\nset ylabel 'GB/s'\n"
+    << "set key left top\nset grid\nplot ";
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i > 0) g << ", ";
+    g << "'" << data << "' index " << i << " using 1:2 with linespoints lw 2 title '" << order[i]
+      << " kvrelay', '" << data << "' index " << i << " using 1:3 with linespoints dt 2 title '"
+      << order[i] << " raw'";
+  }
+  g << "\n";
+  g.close();
+  const std::string cmd = "gnuplot '" + script + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "bench transfer: gnuplot failed (is gnuplot installed? scripts/setup)\n");
+  } else {
+    std::printf("plot: %s\n", path.c_str());
+  }
+}
+
+}  // namespace
+
+Status RunTransferBench(const TransferBenchOptions& o) {
+  for (const std::string& t : o.transports) {
+    if (t != "shm" && t != "tcp" && t != "ucx") {
+      return InvalidArgumentError("unknown transport '" + t + "' (shm, tcp or ucx)");
+    }
+  }
+  if (o.sizes_blocks.empty()) return InvalidArgumentError("--sizes is empty");
+  for (uint32_t b : o.sizes_blocks) {
+    if (b == 0) return InvalidArgumentError("--sizes: a size is 0 blocks");
+  }
+  mkdir(o.logs.c_str(), 0755);
+  std::printf("kvrelay bench transfer: model %s, sizes", o.shape.c_str());
+  for (uint32_t b : o.sizes_blocks) std::printf(" %u", b);
+  std::printf(" blocks, seed %" PRIu64 "\n", o.seed);
+  std::fflush(stdout);
+  Prng prng(o.seed);
+  std::vector<SizeRow> sizes;
+  std::vector<LatencyRow> latency;
+  std::vector<AbortRow> aborts;
+  for (const std::string& t : o.transports) {
+    if (Status s = BandwidthSection(o, t, prng, &sizes); !s.ok()) return s;
+  }
+  double zmq_p50 = 0, zmq_p99 = 0;
+  if (o.latency_samples > 0) {
+    std::printf("one-block latency (%s shape):\n", o.latency_shape.c_str());
+    for (const std::string& t : o.transports) {
+      if (Status s = LatencySection(o, t, prng, &latency); !s.ok()) return s;
+    }
+    Result<std::vector<double>> rtt = bench::ZmqRoundTrips(std::max<uint32_t>(o.latency_samples, 1000), 128);
+    if (!rtt.ok()) return rtt.status();
+    zmq_p50 = Percentile(*rtt, 0.5);
+    zmq_p99 = Percentile(*rtt, 0.99);
+    std::printf("  bare ZeroMQ DEALER/ROUTER round trip, 128 B: p50 %.1f µs, p99 %.1f µs\n",
+                zmq_p50 * 1e6, zmq_p99 * 1e6);
+  }
+
+  if (o.abort_probes > 0) {
+    // Last: the load's threads run here, and no baseline forks after it.
+    std::printf("abort on P → answer at D, under load (demo's shape and step times):\n");
+    for (const std::string& t : o.transports) {
+      if (Status s = AbortSection(o, t, prng, &aborts); !s.ok()) return s;
+    }
+  }
+
+  // Targets.
+  std::printf("targets:\n");
+  bool all_met = true;
+  auto verdict = [&](bool met, const std::string& what) {
+    all_met = all_met && met;
+    std::printf("  [%s] %s\n", met ? "met" : "MISSED", what.c_str());
+  };
+  char buf[256];
+  for (const SizeRow& r : sizes) {
+    if (r.bytes < (64ull << 20)) continue;
+    std::snprintf(buf, sizeof buf, "%s %s: %.2f of the raw baseline (target ≥ 0.85)",
+                  r.transport.c_str(), Human(r.bytes).c_str(), r.ratio());
+    verdict(r.ratio() >= 0.85, buf);
+  }
+  std::map<uint32_t, const SizeRow*> tcp, ucx_raw;
+  for (const SizeRow& r : sizes) {
+    if (r.transport == "tcp") tcp[r.blocks] = &r;
+    if (r.transport == "ucx") ucx_raw[r.blocks] = &r;
+  }
+  for (const auto& [blocks, t] : tcp) {
+    auto u = ucx_raw.find(blocks);
+    if (u == ucx_raw.end() || u->second->base_gbps() <= 0) continue;
+    const double x = t->kv_gbps() / u->second->base_gbps();
+    std::snprintf(buf, sizeof buf, "tcp %s: %.1f× UCX's own put (%.2f vs %.2f GB/s; target ≥ 4×)",
+                  Human(t->bytes).c_str(), x, t->kv_gbps(), u->second->base_gbps());
+    verdict(x >= 4, buf);
+  }
+  for (const LatencyRow& l : latency) {
+    if (zmq_p50 <= 0) break;
+    std::snprintf(buf, sizeof buf,
+                  "%s one-block pull→answer p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ 1.5×)",
+                  l.transport.c_str(), l.p50_s * 1e6, l.p50_s / zmq_p50);
+    verdict(l.p50_s <= 1.5 * zmq_p50, buf);
+  }
+  for (const AbortRow& a : aborts) {
+    if (a.answered == 0) {
+      verdict(false, a.transport + " abort probes: none measured");
+      continue;
+    }
+    std::snprintf(buf, sizeof buf, "%s abort on P → answer at D p99 %.2f ms (target ≤ 5 ms)",
+                  a.transport.c_str(), a.p99_s * 1e3);
+    verdict(a.p99_s <= 0.005, buf);
+  }
+  std::printf("%s\n", all_met ? "all targets met" : "some targets MISSED");
+
+  if (!o.json_path.empty()) {
+    json doc{{"shape", o.shape}, {"seed", o.seed}, {"zmq_rtt_p50_s", zmq_p50},
+             {"zmq_rtt_p99_s", zmq_p99}, {"targets_met", all_met}};
+    json jsizes = json::array();
+    for (const SizeRow& r : sizes) {
+      jsizes.push_back({{"transport", r.transport}, {"blocks", r.blocks}, {"bytes", r.bytes},
+                        {"transfers", r.transfers}, {"kvrelay_p50_s", r.kv_p50_s},
+                        {"kvrelay_p99_s", r.kv_p99_s}, {"kvrelay_gbps", r.kv_gbps()},
+                        {"baseline_p50_s", r.base_p50_s}, {"baseline_gbps", r.base_gbps()},
+                        {"ratio", r.ratio()}});
+    }
+    doc["sizes"] = jsizes;
+    json jlat = json::array();
+    for (const LatencyRow& l : latency) {
+      jlat.push_back({{"transport", l.transport}, {"bytes", l.bytes}, {"samples", l.samples},
+                      {"p50_s", l.p50_s}, {"p99_s", l.p99_s}});
+    }
+    doc["one_block_latency"] = jlat;
+    json jab = json::array();
+    for (const AbortRow& a : aborts) {
+      jab.push_back({{"transport", a.transport}, {"probes", a.probes}, {"measured", a.answered},
+                     {"p50_s", a.p50_s}, {"p99_s", a.p99_s}, {"max_s", a.max_s}});
+    }
+    doc["abort_to_answer"] = jab;
+    if (o.json_path == "-") {
+      std::printf("%s\n", doc.dump(2).c_str());
+    } else {
+      std::ofstream(o.json_path) << doc.dump(2) << "\n";
+    }
+  }
+  if (!o.plot_path.empty()) WritePlot(o.plot_path, sizes);
+  return Status::Ok();
+}
+
+}  // namespace kvrelay::cli

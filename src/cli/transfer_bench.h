@@ -1,0 +1,51 @@
+// transfer_bench.h — `kvrelay bench transfer`: kvrelay's data plane against
+// the raw mechanism it runs on, side by side in one run.
+//
+// Why: users choose a transfer layer by how close it gets to the wire, and
+// this machine is shared and noisy, so only a ratio measured in the same
+// run means anything. For each transport the bench starts a real P and D
+// (`kvrelay serve` child processes: engine, connector, pull protocol,
+// transport), hands over KV of a realistic model shape — per-layer chunks,
+// a fresh random prompt per transfer, pools far larger than the caches —
+// and reads each transfer's pull→answer time from D's /debug/pulls. Right
+// after each size it moves the same segments with the raw baseline
+// (raw_baseline.h) and prints both, and their ratio. One-block pulls are
+// compared with a bare ZeroMQ round trip; P-side aborts with the answer D
+// receives.
+//
+// Threading: the calling thread only (the raw baselines fork, so no other
+// thread may run in this process while they do).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kvrelay::cli {
+
+struct TransferBenchOptions {
+  std::vector<std::string> transports = {"shm", "tcp", "ucx"};
+  std::string shape = "8b";
+  std::vector<uint32_t> sizes_blocks = {1, 4, 16, 64, 256};
+  uint32_t pool_blocks = 0;              // 0: max(4 × largest size, 256)
+  uint64_t bytes_per_size = 1ull << 30;  // transfers per size: enough to move this
+  uint32_t min_transfers = 5, max_transfers = 40;
+  uint32_t latency_samples = 300;        // one-block pulls per transport (0: skip)
+  std::string latency_shape = "small";
+  uint32_t abort_probes = 0;             // abort-on-P probes per transport (0: skip)
+  uint32_t tcp_streams = 4;
+  std::string ucx_tls;
+  std::string logs = "/tmp/kvrelay-bench-transfer";
+  std::string json_path;                 // "-" for stdout
+  std::string plot_path;                 // PNG via gnuplot
+  uint64_t seed = 1;
+};
+
+// Runs the bench, prints tables and progress to stdout. Errors: the cluster
+// or a baseline could not run (a target missed is not an error; it is
+// printed as such).
+Status RunTransferBench(const TransferBenchOptions& options);
+
+}  // namespace kvrelay::cli
