@@ -95,7 +95,11 @@ class BenchCluster {
     c.shape = shape;
     c.num_blocks = pool_blocks;
     if (modelled) {
-      c.engine_args = {"--tcp-streams", std::to_string(o.tcp_streams)};
+      // The demo's step times, with prefill chunked at 256 tokens so that a
+      // long prompt spans several steps: an abort is applied between steps,
+      // and a probe must find P still prefilling.
+      c.engine_args = {"--tcp-streams", std::to_string(o.tcp_streams), "--max-batch-tokens",
+                       "256"};
     } else {
       c.step_per_token_us = 0;
       c.engine_args = {"--step-base-us", "0", "--no-prefix-caching", "--max-batch-tokens",
@@ -171,6 +175,22 @@ class BenchCluster {
                              router::UpstreamErrorMessage(r->body));
     }
     return FindPull(t);
+  }
+
+  // The state of P's send for `t` (WAITING, READY, DONE), "" if P holds
+  // none (yet, or any more).
+  std::string SendState(const TransferId& t) {
+    auto r = p_->Get("/debug/state");
+    if (!r || r->status != 200) return "";
+    const json doc = json::parse(r->body, nullptr, false);
+    if (doc.is_discarded() || !doc.contains("ranks")) return "";
+    const std::string id = t.ToString();
+    for (const json& rank : doc["ranks"]) {
+      for (const json& send : rank.value("sends", json::array())) {
+        if (send.value("transfer", "") == id) return send.value("state", "");
+      }
+    }
+    return "";
   }
 
   // The answer(s) D logged for `t` since the last call (tp 1: one).
@@ -397,9 +417,16 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
       (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()),
                    "application/json");
     });
-    // D sends its pull within about a millisecond; P's prefill of 900
-    // tokens takes ~18 ms at the demo's step times.
-    std::this_thread::sleep_for(std::chrono::microseconds(1000 + prng.Uniform(3000)));
+    // Abort once P holds the send still WAITING (it has admitted the
+    // request, whose 900-token prefill takes four steps of 256 tokens),
+    // after a random extra 0–2 ms; a send already READY finishes first.
+    std::string state;
+    const auto give_up = Clock::now() + std::chrono::seconds(5);
+    while (state.empty() && Clock::now() < give_up) {
+      state = c.SendState(t);
+      if (state.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(2000)));
     const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            Clock::now().time_since_epoch()).count();
     (void)admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump(), "application/json");
