@@ -179,8 +179,10 @@ class BenchCluster {
 
   // The state of P's send for `t` (WAITING, READY, DONE), "" if P holds
   // none (yet, or any more).
-  std::string SendState(const TransferId& t) {
-    auto r = p_->Get("/debug/state");
+  // `cli`: a client of P's other than p() (an httplib client runs one
+  // request at a time, and p() may be busy with the P leg).
+  std::string SendState(httplib::Client& cli, const TransferId& t) {
+    auto r = cli.Get("/debug/state");
     if (!r || r->status != 200) return "";
     const json doc = json::parse(r->body, nullptr, false);
     if (doc.is_discarded() || !doc.contains("ranks")) return "";
@@ -423,7 +425,7 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
     std::string state;
     const auto give_up = Clock::now() + std::chrono::seconds(5);
     while (state.empty() && Clock::now() < give_up) {
-      state = c.SendState(t);
+      state = c.SendState(admin, t);
       if (state.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(2000)));

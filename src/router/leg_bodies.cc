@@ -8,7 +8,7 @@ Result<ClientRequest> ParseClientBody(std::string_view body) {
   ClientRequest r;
   try {
     r.body = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400
     std::string what = e.what();
     // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
     const size_t at = what.find(" at ");
