@@ -175,13 +175,6 @@ class TcpRegion final : public Region {
     c.done = true;
   }
 
-  bool Reply(int fd, uint32_t status) {
-    uint8_t reply[kReplyBytes];
-    PutLe(reply, kReplyMagic, 4);
-    PutLe(reply + 4, status, 4);
-    return SendAll(fd, reply, sizeof reply);
-  }
-
   bool Discard(int fd, uint64_t n, std::vector<uint8_t>& scratch) {
     if (scratch.empty()) scratch.resize(64 << 10);
     while (n > 0) {
@@ -250,21 +243,16 @@ class TcpRegion final : public Region {
     }
     if (!sum_ok || sum != total) {
       stats_->frames_malformed.fetch_add(1, std::memory_order_relaxed);
-      return Discard(fd, total, scratch) && Reply(fd, kReplyMalformed);
+      return Discard(fd, total, scratch) && SendReply(fd, kReplyMagic, kReplyMalformed);
     }
     if (!in_region || !AllGranted(transfer, segments)) {
       stats_->writes_refused.fetch_add(1, std::memory_order_relaxed);
-      return Discard(fd, total, scratch) && Reply(fd, kReplyRefused);
+      return Discard(fd, total, scratch) && SendReply(fd, kReplyMagic, kReplyRefused);
     }
     // Straight into the region, a batch of segments per recvmsg.
-    iovec iov[kIovBatch];
-    for (size_t k = 0; k < segments.size(); k += kIovBatch) {
-      const size_t batch = std::min(kIovBatch, segments.size() - k);
-      for (size_t j = 0; j < batch; ++j) {
-        iov[j].iov_base = base_ + segments[k + j].dst_offset;
-        iov[j].iov_len = segments[k + j].bytes;
-      }
-      if (!RecvAllV(fd, iov, batch)) return false;
+    if (!IoSegments(fd, base_, std::span<const FrameSegment>(segments),
+                    [](const FrameSegment& s) { return s.dst_offset; }, RecvAllV)) {
+      return false;
     }
     // Release: a thread that sees the count sees the bytes (the writer's
     // reply is causal too, but through another process tools cannot see).
@@ -273,9 +261,9 @@ class TcpRegion final : public Region {
     // writer must not count the write as done.
     if (!AllGranted(transfer, segments)) {
       stats_->writes_refused.fetch_add(1, std::memory_order_relaxed);
-      return Reply(fd, kReplyRefused);
+      return SendReply(fd, kReplyMagic, kReplyRefused);
     }
-    return Reply(fd, kReplyOk);
+    return SendReply(fd, kReplyMagic, kReplyOk);
   }
 
   uint8_t* const base_;

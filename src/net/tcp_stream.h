@@ -1,8 +1,9 @@
 // tcp_stream.h — the tcp transport's wire and socket plumbing: frame and
-// registration constants, the registration codec (bounds-checked), and
-// blocking, EINTR-safe send/recv helpers with stall bounds. Shared by the
-// receiver (tcp_region.h) and the writer (tcp_target.h); the frame format
-// is in tcp_transport.cc's header comment and docs/wire.md.
+// registration constants, the registration codec (bounds-checked), frame
+// splitting and head encoding, and blocking, EINTR-safe send/recv helpers
+// with stall bounds. Shared by the receiver (tcp_region.h), the writer
+// (tcp_target.h) and the reader (tcp_source.h); the frame formats are in
+// tcp_transport.cc's header comment and docs/wire.md.
 //
 // Thread safety: pure functions and values.
 #pragma once
@@ -52,6 +53,8 @@ constexpr uint16_t kRegVersion = 1;
 constexpr uint32_t kFrameMagic = 0x4654564B;  // "KVTF"
 constexpr uint16_t kFrameVersion = 1;
 constexpr uint32_t kReplyMagic = 0x5254564B;  // "KVTR"
+constexpr uint32_t kReadMagic = 0x5154564B;   // "KVTQ": a read request's header
+constexpr uint32_t kReadHeadMagic = 0x4454564B;  // "KVTD": a read response's head
 constexpr size_t kHeaderBytes = 36;
 constexpr size_t kTableEntryBytes = 16;
 constexpr size_t kReplyBytes = 8;
@@ -218,6 +221,130 @@ inline bool SendAllV(int fd, iovec* iov, size_t n) {
 inline bool SendAll(int fd, const uint8_t* data, size_t n) {
   iovec iov{const_cast<uint8_t*>(data), n};
   return SendAllV(fd, &iov, 1);
+}
+
+// Options of every data stream, both ends: TCP_NODELAY, a 4 MiB send
+// buffer (the side that streams a payload), and send/recv timeouts of
+// kStallTimeoutMs so a blocked send or recv on a stalled peer ends.
+inline void SetStreamOptions(int fd) {
+  const int yes = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSendBufferBytes, sizeof kSendBufferBytes);
+  timeval timeout{kStallTimeoutMs / 1000, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+}
+
+// Moves the bytes of `segments` — each at `base` + offset_of(segment),
+// `segment.bytes` long — through `io` (SendAllV or RecvAllV), a batch of
+// kIovBatch iovecs per call: the payload goes straight from or into the
+// region, no copy.
+template <typename Seg, typename OffsetOf, typename Io>
+bool IoSegments(int fd, uint8_t* base, std::span<const Seg> segments, OffsetOf offset_of, Io io) {
+  iovec iov[kIovBatch];
+  for (size_t k = 0; k < segments.size(); k += kIovBatch) {
+    const size_t batch = std::min(kIovBatch, segments.size() - k);
+    for (size_t j = 0; j < batch; ++j) {
+      iov[j].iov_base = base + offset_of(segments[k + j]);
+      iov[j].iov_len = segments[k + j].bytes;
+    }
+    if (!io(fd, iov, batch)) return false;
+  }
+  return true;
+}
+
+// Cuts `segments` into frames of at most kMaxFrameSegments segments and
+// kMaxFrameBytes bytes (splitting a larger segment, both offsets advanced
+// alike) and calls frame_fn(frame, frame_bytes) for each in order; stops at
+// the first error. Zero-byte segments are dropped.
+template <typename FrameFn>
+Status ForEachFrame(std::span<const Segment> segments, FrameFn frame_fn) {
+  std::vector<Segment> frame;
+  frame.reserve(std::min<size_t>(segments.size(), kMaxFrameSegments));
+  size_t i = 0;
+  uint64_t done = 0;  // bytes of segments[i] already framed
+  while (i < segments.size()) {
+    frame.clear();
+    uint64_t frame_bytes = 0;
+    while (i < segments.size() && frame.size() < kMaxFrameSegments &&
+           frame_bytes < kMaxFrameBytes) {
+      const Segment& s = segments[i];
+      const uint64_t piece = std::min(s.bytes - done, kMaxFrameBytes - frame_bytes);
+      if (piece > 0) {
+        frame.push_back(Segment{s.src_offset + done, s.dst_offset + done, piece});
+        frame_bytes += piece;
+      }
+      done += piece;
+      if (done == s.bytes) {
+        ++i;
+        done = 0;
+      }
+    }
+    if (frame.empty()) break;  // only empty segments were left
+    if (Status status = frame_fn(std::span<const Segment>(frame), frame_bytes); !status.ok()) {
+      return status;
+    }
+  }
+  return Status::Ok();
+}
+
+// Sends a frame's header and table in one sendmsg: a write frame (kFrameMagic,
+// the table names each segment's dst_offset) or a read request (kReadMagic,
+// src_offset) — the offsets are always in the remote region. `table` is the
+// caller's scratch buffer.
+inline bool SendFrameHead(int fd, uint32_t magic, TransferId transfer,
+                          std::span<const Segment> frame, uint64_t frame_bytes,
+                          std::vector<uint8_t>& table) {
+  const bool remote_is_src = magic == kReadMagic;
+  uint8_t header[kHeaderBytes];
+  PutLe(header, magic, 4);
+  PutLe(header + 4, kFrameVersion, 2);
+  PutLe(header + 6, 0, 2);
+  PutLe(header + 8, transfer.hi, 8);
+  PutLe(header + 16, transfer.lo, 8);
+  PutLe(header + 24, frame.size(), 4);
+  PutLe(header + 28, frame_bytes, 8);
+  table.resize(frame.size() * kTableEntryBytes);
+  for (size_t k = 0; k < frame.size(); ++k) {
+    uint8_t* e = table.data() + k * kTableEntryBytes;
+    PutLe(e, remote_is_src ? frame[k].src_offset : frame[k].dst_offset, 8);
+    PutLe(e + 8, frame[k].bytes, 8);
+  }
+  iovec head[2] = {{header, sizeof header}, {table.data(), table.size()}};
+  return SendAllV(fd, head, 2);
+}
+
+// A reply: u32 magic | u32 status (kReplyMagic after a write frame or a
+// read's payload, kReadHeadMagic before a read's payload).
+inline bool SendReply(int fd, uint32_t magic, uint32_t status) {
+  uint8_t reply[kReplyBytes];
+  PutLe(reply, magic, 4);
+  PutLe(reply + 4, status, 4);
+  return SendAll(fd, reply, sizeof reply);
+}
+
+// Receives a reply with `magic` and turns its status into a Status:
+// refused → kFailedPrecondition, malformed → kInvalidArgument (the stream
+// is still in step after either), anything else on the wire → kUnavailable.
+// `what` names the operation ("write", "read") in messages.
+inline Status RecvReply(int fd, uint32_t magic, TransferId transfer, const char* what) {
+  uint8_t reply[kReplyBytes];
+  if (!RecvAll(fd, reply, sizeof reply, false)) {
+    return UnavailableError(std::string("tcp ") + what + ": no reply (peer closed or stalled)");
+  }
+  if (GetLe(reply, 4) != magic) return UnavailableError(std::string("tcp ") + what + ": bad reply magic");
+  switch (GetLe(reply + 4, 4)) {
+    case kReplyOk:
+      return Status::Ok();
+    case kReplyRefused:
+      return FailedPreconditionError(std::string("tcp: the peer refused the ") + what +
+                                     " (block not granted to " + transfer.ToString() +
+                                     " or outside the region)");
+    case kReplyMalformed:
+      return InvalidArgumentError(std::string("tcp ") + what + ": the peer rejected the segment table");
+    default:
+      return UnavailableError(std::string("tcp ") + what + ": unknown reply status");
+  }
 }
 
 

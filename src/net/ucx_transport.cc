@@ -3,7 +3,7 @@
 //
 // Layout of this file: UcxCore (context, worker, progress thread, the
 // worker mutex), Mapping (one registered memory range), the registration
-// codec, UcxRegion, UcxTarget, UcxTransport, MakeUcxTransport.
+// codec, UcxRegion, UcxEndpoint (UcxTarget), UcxTransport, MakeUcxTransport.
 
 #include "net/ucx_transport.h"
 #include "net/registration_codec.h"
@@ -58,7 +58,7 @@ Status UcsToStatus(const std::string& what, ucs_status_t status) {
   return UnavailableError(UcsError(what, status));
 }
 
-// What an endpoint's error callback writes. Owned by its UcxTarget, or by
+// What an endpoint's error callback writes. Owned by its UcxEndpoint, or by
 // the core if the endpoint outlived the Target (a close that timed out), so
 // the callback never writes to freed memory.
 struct EpState {
@@ -69,7 +69,7 @@ struct EpState {
 // UcxCore: the state shared by a transport's regions and targets.
 //
 // Owned through shared_ptr by UcxTransport, every UcxRegion's Mapping and
-// every UcxTarget; destroyed with the last of them. Thread-safe: `mu`
+// every UcxEndpoint; destroyed with the last of them. Thread-safe: `mu`
 // serializes all use of `worker` (and of context-level calls: mem map,
 // rkey pack); `stats` are atomics.
 // Invariant: while the core lives, the progress thread runs.
@@ -495,25 +495,28 @@ class UcxRegion final : public Region {
 };
 
 // ---------------------------------------------------------------------------
-// UcxTarget: an endpoint to a remote region's worker plus its rkey.
-// Thread-safe: Write may be called from several threads at once (UCX calls
-// under core->mu; each Write waits for its own flush request).
-class UcxTarget final : public Target {
+// UcxEndpoint: an endpoint to a remote region's worker plus its rkey, and
+// the one-sided copies over it (UcxTarget puts). Thread-safe: Copy may be
+// called from several threads at once (UCX calls under core->mu; each call
+// waits for its own requests).
+class UcxEndpoint {
  public:
-  UcxTarget(std::shared_ptr<UcxCore> core, std::shared_ptr<Mapping> local,
-            const Registration& reg)
+  UcxEndpoint(std::shared_ptr<UcxCore> core, std::shared_ptr<Mapping> local,
+              const Registration& reg)
       : core_(std::move(core)),
         local_(std::move(local)),
         remote_address_(reg.remote_address),
         remote_bytes_(reg.total_bytes) {}
 
-  ~UcxTarget() override {
+  ~UcxEndpoint() {
     if (rkey_ != nullptr) {
       std::lock_guard<std::mutex> lock(core_->mu);
       ucp_rkey_destroy(rkey_);
     }
     if (ep_ != nullptr && !CloseEp(*core_, ep_)) core_->AdoptOrphan(std::move(ep_state_));
   }
+  UcxEndpoint(const UcxEndpoint&) = delete;
+  UcxEndpoint& operator=(const UcxEndpoint&) = delete;
 
   // Creates the endpoint and unpacks the rkey. Called once, by Open.
   Status Connect(const Registration& reg) {
@@ -522,7 +525,7 @@ class UcxTarget final : public Target {
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.address = reinterpret_cast<const ucp_address_t*>(reg.worker_address.data());
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &UcxTarget::OnEpError;
+    params.err_handler.cb = &UcxEndpoint::OnEpError;
     params.err_handler.arg = ep_state_.get();
     std::lock_guard<std::mutex> lock(core_->mu);
     ucs_status_t st = ucp_ep_create(core_->worker, &params, &ep_);
@@ -536,18 +539,6 @@ class UcxTarget final : public Target {
       return UnavailableError(UcsError("ucx: ucp_ep_rkey_unpack", st));
     }
     return Status::Ok();
-  }
-
-  Status Write(TransferId /*transfer*/, std::span<const Segment> segments) override {
-    uint64_t total = 0;
-    Status s = DoWrite(segments, &total);
-    if (s.ok()) {
-      core_->stats.writes_ok.fetch_add(1, std::memory_order_relaxed);
-      core_->stats.bytes_written.fetch_add(total, std::memory_order_relaxed);
-    } else {
-      core_->stats.writes_failed.fetch_add(1, std::memory_order_relaxed);
-    }
-    return s;
   }
 
   std::string Describe() {
@@ -565,19 +556,18 @@ class UcxTarget final : public Target {
     return out;
   }
 
- private:
-  static void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
-    // Runs inside ucp_worker_progress, under core->mu.
-    static_cast<EpState*>(arg)->error.store(status, std::memory_order_release);
-  }
-
-  Status DoWrite(std::span<const Segment> segments, uint64_t* total) {
+ protected:
+  // Copies every segment from the local region to the remote one (put,
+  // then flush) and waits; sets *total to the bytes. `what` names the
+  // operation in messages.
+  Status Copy(std::span<const Segment> segments, const char* what, uint64_t* total) {
     const uint64_t local_bytes = local_->bytes;
     for (const Segment& seg : segments) {
       if (seg.src_offset > local_bytes || seg.bytes > local_bytes - seg.src_offset ||
           seg.dst_offset > remote_bytes_ || seg.bytes > remote_bytes_ - seg.dst_offset) {
         return Status(StatusCode::kOutOfRange,
-                      "ucx write: segment src " + std::to_string(seg.src_offset) + " dst " +
+                      std::string("ucx ") + what + ": segment src " +
+                          std::to_string(seg.src_offset) + " dst " +
                           std::to_string(seg.dst_offset) + " bytes " +
                           std::to_string(seg.bytes) + " outside local " +
                           std::to_string(local_bytes) + " / remote " +
@@ -586,10 +576,10 @@ class UcxTarget final : public Target {
       *total += seg.bytes;
     }
     if (ucs_status_t e = ep_state_->error.load(std::memory_order_acquire); e != UCS_OK) {
-      return UcsToStatus("ucx write: endpoint failed earlier", e);
+      return UcsToStatus(std::string("ucx ") + what + ": endpoint failed earlier", e);
     }
     if (*total == 0) return Status::Ok();
-    KV_CHECK(ep_ != nullptr && rkey_ != nullptr);  // Open returns only connected Targets
+    KV_CHECK(ep_ != nullptr && rkey_ != nullptr);  // Open returns only connected endpoints
 
     std::vector<void*> requests;
     requests.reserve(segments.size() + 1);
@@ -621,19 +611,27 @@ class UcxTarget final : public Target {
     }
     if (issue_error != UCS_OK) {
       // The puts issued so far finish (or fail) on their own; their source
-      // memory stays registered while this Target holds local_.
+      // memory stays registered while this endpoint holds local_.
       core_->FreeRequests(requests);
-      return UcsToStatus("ucx write: put/flush", issue_error);
+      return UcsToStatus(std::string("ucx ") + what + ": put/flush", issue_error);
     }
     ucs_status_t st = UCS_OK;
     bool done = core_->WaitRequests(requests, Clock::now() + kWriteTimeout, &st);
     core_->FreeRequests(requests);
     if (!done) {
-      return DeadlineExceededError("ucx write: flush not complete after " +
+      return DeadlineExceededError(std::string("ucx ") + what + ": flush not complete after " +
                                    std::to_string(kWriteTimeout.count()) + " s");
     }
-    if (st != UCS_OK) return UcsToStatus("ucx write", st);
+    if (st != UCS_OK) return UcsToStatus(std::string("ucx ") + what, st);
     return Status::Ok();
+  }
+
+  TransportStats& stats() { return core_->stats; }
+
+ private:
+  static void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    // Runs inside ucp_worker_progress, under core->mu.
+    static_cast<EpState*>(arg)->error.store(status, std::memory_order_release);
   }
 
   std::shared_ptr<UcxCore> core_;
@@ -643,6 +641,24 @@ class UcxTarget final : public Target {
   ucp_ep_h ep_ = nullptr;      // set once by Connect
   ucp_rkey_h rkey_ = nullptr;  // set once by Connect
   std::unique_ptr<EpState> ep_state_ = std::make_unique<EpState>();
+};
+
+// UcxTarget: Write = put + flush over its endpoint.
+class UcxTarget final : public Target, public UcxEndpoint {
+ public:
+  using UcxEndpoint::UcxEndpoint;
+
+  Status Write(TransferId /*transfer*/, std::span<const Segment> segments) override {
+    uint64_t total = 0;
+    Status s = Copy(segments, "write", &total);
+    if (s.ok()) {
+      stats().writes_ok.fetch_add(1, std::memory_order_relaxed);
+      stats().bytes_written.fetch_add(total, std::memory_order_relaxed);
+    } else {
+      stats().writes_failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    return s;
+  }
 };
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+// tcp_client.h — StreamPool: the connections from one process to one remote
+// tcp region's receiver, shared by the writer (TcpTarget) and the reader
+// (TcpSource): at most max_streams, opened lazily, reused while in step.
+//
+// Each operation takes a stream for itself (an idle one, or a new one while
+// fewer than max_streams are open; otherwise it waits at most kStreamWait),
+// runs its frames on it and gives it back. A stream is reused only if the
+// operation left it in step: it succeeded, or the peer refused or rejected
+// a frame whole (kFailedPrecondition, kInvalidArgument). Any other error
+// closes it. An idle stream found readable was closed by the peer (region
+// gone, receiver restarted) and is dropped.
+//
+// Sockets: TCP_NODELAY, 4 MiB SO_SNDBUF, send/recv timeouts of
+// kStallTimeoutMs, connect bounded by kConnectTimeoutMs.
+//
+// Thread safety: Run may be called from several threads at once.
+// Ownership: owned by its Target or Source; destroying it while an
+// operation runs is a bug (checked).
+#pragma once
+
+#include "base/mutex.h"
+#include "net/tcp_stream.h"
+
+namespace kvrelay::net::tcp {
+
+class StreamPool {
+ public:
+  StreamPool(TcpRegistration remote, uint32_t max_streams)
+      : remote_(std::move(remote)), max_streams_(std::max<uint32_t>(max_streams, 1)) {}
+  ~StreamPool() {
+    MutexLock lock(&mu_);
+    KV_CHECK_MSG(open_ == idle_.size(), "tcp stream pool destroyed during an operation");
+    for (int fd : idle_) close(fd);
+  }
+  StreamPool(const StreamPool&) = delete;
+  StreamPool& operator=(const StreamPool&) = delete;
+
+  // Runs op(fd) -> Status on a stream of the pool and returns its status
+  // (or why no stream could be had: kResourceExhausted, kUnavailable).
+  template <typename Op>
+  Status Run(Op op) EXCLUDES(mu_) {
+    Result<int> fd = Acquire();
+    if (!fd.ok()) return fd.status();
+    Status status = op(*fd);
+    Release(*fd, status.ok() || status.code() == StatusCode::kFailedPrecondition ||
+                     status.code() == StatusCode::kInvalidArgument);
+    return status;
+  }
+
+ private:
+  Result<int> Acquire() EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      while (true) {
+        if (!cv_.WaitFor(&mu_, kStreamWait, [&]() REQUIRES(mu_) {
+              return !idle_.empty() || open_ < max_streams_;
+            })) {
+          return ResourceExhaustedError("tcp: all " + std::to_string(max_streams_) +
+                                        " streams busy");
+        }
+        if (idle_.empty()) break;
+        const int fd = idle_.back();
+        idle_.pop_back();
+        // An idle stream has nothing to read; readable means the receiver
+        // closed it (region gone, receiver restarted): drop it, try again.
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 0) == 0) return fd;
+        close(fd);
+        --open_;
+      }
+      ++open_;
+    }
+    Result<int> fd = Connect();
+    if (!fd.ok()) {
+      MutexLock lock(&mu_);
+      --open_;
+      cv_.NotifyOne();
+    }
+    return fd;
+  }
+
+  void Release(int fd, bool reusable) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    if (reusable) {
+      idle_.push_back(fd);
+    } else {
+      close(fd);
+      --open_;
+    }
+    cv_.NotifyOne();
+  }
+
+  Result<int> Connect() {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* addrs = nullptr;
+    const std::string port = std::to_string(remote_.port);
+    if (const int err = getaddrinfo(remote_.host.c_str(), port.c_str(), &hints, &addrs);
+        err != 0) {
+      return UnavailableError("tcp: resolving " + remote_.host + ": " + gai_strerror(err));
+    }
+    std::string last_error = "no address";
+    int connected = -1;
+    for (addrinfo* a = addrs; a != nullptr && connected < 0; a = a->ai_next) {
+      const int fd =
+          socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+      if (fd < 0) {
+        last_error = Errno("socket");
+        continue;
+      }
+      if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        last_error = Errno("connect");
+        close(fd);
+        continue;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      int r;
+      do {
+        r = poll(&p, 1, kConnectTimeoutMs);
+      } while (r < 0 && errno == EINTR);
+      if (r <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        if (r == 0) {
+          last_error = "connect: timed out";
+        } else {
+          if (err != 0) errno = err;
+          last_error = Errno("connect");
+        }
+        close(fd);
+        continue;
+      }
+      connected = fd;
+    }
+    freeaddrinfo(addrs);
+    if (connected < 0) {
+      return UnavailableError("tcp: connecting to " + remote_.host + ":" + port + ": " +
+                              last_error);
+    }
+    const int flags = fcntl(connected, F_GETFL);
+    fcntl(connected, F_SETFL, flags & ~O_NONBLOCK);
+    SetStreamOptions(connected);
+    return connected;
+  }
+
+  const TcpRegistration remote_;
+  const uint32_t max_streams_;
+
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<int> idle_ GUARDED_BY(mu_);
+  uint32_t open_ GUARDED_BY(mu_) = 0;  // idle + in use
+};
+
+}  // namespace kvrelay::net::tcp
