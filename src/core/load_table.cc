@@ -7,6 +7,23 @@
 
 namespace kvrelay {
 
+Status CheckLoadShape(std::span<const PeerId> producers, size_t dst_blocks,
+                      uint32_t max_producers) {
+  if (producers.empty() || producers.size() > max_producers) {
+    return InvalidArgumentError("a load needs 1.." + std::to_string(max_producers) +
+                                " producers, got " + std::to_string(producers.size()));
+  }
+  if (dst_blocks == 0) return InvalidArgumentError("a load needs destination blocks");
+  for (size_t i = 0; i < producers.size(); ++i) {
+    for (size_t j = i + 1; j < producers.size(); ++j) {
+      if (producers[i] == producers[j]) {
+        return InvalidArgumentError("producer " + producers[i].ToString() + " named twice");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 LoadTable::LoadTable(const LoadTableOptions& options) : options_(options) {
   KV_CHECK_GT(options_.abort_timeout, Duration::Zero());
 }
@@ -15,20 +32,9 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
                         std::span<const PeerId> producers,
                         std::vector<BlockId> dst, Instant now,
                         uint64_t prompt_hash) {
-  if (producers.empty() || producers.size() > options_.max_producers) {
-    return InvalidArgumentError("a load needs 1.." +
-                                std::to_string(options_.max_producers) +
-                                " producers, got " +
-                                std::to_string(producers.size()));
-  }
-  if (dst.empty()) return InvalidArgumentError("a load needs destination blocks");
-  for (size_t i = 0; i < producers.size(); ++i) {
-    for (size_t j = i + 1; j < producers.size(); ++j) {
-      if (producers[i] == producers[j]) {
-        return InvalidArgumentError("producer " + producers[i].ToString() +
-                                    " named twice");
-      }
-    }
+  if (Status shape = CheckLoadShape(producers, dst.size(), options_.max_producers);
+      !shape.ok()) {
+    return shape;
   }
   if (by_transfer_.count(transfer) != 0) {
     return AlreadyExistsError("transfer " + transfer.ToString() +

@@ -135,6 +135,11 @@ struct LoadView {
   bool cut_short = false;
 };
 
+// The checks every load start makes, whatever the mode: 1..max_producers
+// distinct producers and at least one destination block.
+Status CheckLoadShape(std::span<const PeerId> producers, size_t dst_blocks,
+                      uint32_t max_producers);
+
 class LoadTable {
  public:
   explicit LoadTable(const LoadTableOptions& options);

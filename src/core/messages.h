@@ -1,6 +1,7 @@
 // messages.h — what crosses the control channel between ranks, as values.
 //
-// The wire codec (net/) turns these into versioned bytes; the simulator
+// Push mode: pulls and answers. Read mode: heartbeats, grants, revokes and
+// notices. The wire codec (core/wire.h) turns these into versioned bytes; the simulator
 // delivers them as they are. A pull names its transfers and the destination
 // blocks in D's registered memory; an answer closes one (pull, transfer).
 #pragma once
@@ -11,6 +12,7 @@
 
 #include "base/transfer_id.h"
 #include "core/block_id.h"
+#include "core/lease_table.h"
 #include "core/send_table.h"
 #include "core/transfer_result.h"
 
@@ -31,7 +33,44 @@ struct AnswerMsg {
   bool operator==(const AnswerMsg&) const = default;
 };
 
-using PeerMessage = std::variant<PullMsg, AnswerMsg>;
+// --- read mode (core/lease_table.h, core/read_load_table.h) ---
+
+// D rank → P rank: heartbeat `seq` for a transfer D will read (the first
+// one asks for the grant; each extends the lease).
+struct LeaseMsg {
+  uint64_t seq = 0;
+  TransferId transfer;
+  uint64_t prompt_hash = 0;
+  bool operator==(const LeaseMsg&) const = default;
+};
+
+// P rank → D rank: the answer to heartbeat `seq`.
+struct GrantMsg {
+  uint64_t seq = 0;
+  TransferId transfer;
+  LeaseAnswer answer = LeaseAnswer::kPending;
+  TransferResult result = TransferResult::kOk;
+  int64_t remaining_ns = 0;
+  std::vector<BlockId> src;
+  bool operator==(const GrantMsg&) const = default;
+};
+
+// P rank → D rank: stop reading `transfer`, and say so once no read is in
+// flight.
+struct RevokeMsg {
+  TransferId transfer;
+  bool operator==(const RevokeMsg&) const = default;
+};
+
+// D rank → P rank: done / failed / release / revoked.
+struct NoticeMsg {
+  TransferId transfer;
+  ReadNotice notice = ReadNotice::kDone;
+  bool operator==(const NoticeMsg&) const = default;
+};
+
+using PeerMessage =
+    std::variant<PullMsg, AnswerMsg, LeaseMsg, GrantMsg, RevokeMsg, NoticeMsg>;
 
 // A message for the driver to deliver to `to`.
 struct OutMessage {

@@ -8,11 +8,27 @@
 
 namespace kvrelay {
 
+const char* KvModeName(KvMode mode) { return mode == KvMode::kRead ? "read" : "push"; }
+
+bool ParseKvMode(const std::string& name, KvMode* out) {
+  if (name == "push") {
+    *out = KvMode::kPush;
+  } else if (name == "read") {
+    *out = KvMode::kRead;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 RankConnector::RankConnector(const RankConnectorOptions& options)
     : options_(options) {
   KV_CHECK_LT(options_.rank, options_.tp);
-  if (producer()) send_ = std::make_unique<SendTable>(options_.send);
-  if (consumer()) load_ = std::make_unique<LoadTable>(options_.load);
+  const bool read = options_.mode == KvMode::kRead;
+  if (producer() && !read) send_ = std::make_unique<SendTable>(options_.send);
+  if (consumer() && !read) load_ = std::make_unique<LoadTable>(options_.load);
+  if (producer() && read) lease_ = std::make_unique<LeaseTable>(options_.lease);
+  if (consumer() && read) read_ = std::make_unique<ReadLoadTable>(options_.read);
 }
 
 void RankConnector::SetPeer(uint32_t engine, uint32_t rank, PeerId peer,
@@ -38,11 +54,13 @@ bool RankConnector::AcceptIncarnation(PeerId from) {
 
 void RankConnector::Reconnected(PeerId peer, Instant now) {
   if (load_) load_->ResendTo(peer, now);
+  if (read_) read_->ResendTo(peer, now);
   Pump();
 }
 
 void RankConnector::PeerGone(PeerId peer, Instant now) {
   if (load_) load_->PeerGone(peer, now);
+  if (read_) read_->PeerGone(peer, now);
   Pump();
 }
 
@@ -61,78 +79,102 @@ std::vector<PeerId> RankConnector::ProducersFor(uint32_t engine, uint32_t p_tp,
   return out;
 }
 
+template <typename Table>
+void RankConnector::ApplyProducer(Table& table, const ConnectorMetadata& meta, Instant now) {
+  for (const ClaimOp& op : meta.claims) {
+    const uint32_t need = ConsumersPerProducer(options_.tp, op.consumer_tp);
+    if (!table.Claim(op.transfer, need, now, op.prompt_hash, op.consumer_engine).ok()) {
+      ++stats_.claim_refused;
+    }
+  }
+  for (const ReadyOp& op : meta.readies) {
+    if (!table.Ready(op.transfer, op.blocks, now, op.prompt_hash).ok()) {
+      // The send ended first (D released it, a deadline passed): nothing
+      // holds the blocks on this rank.
+      ++stats_.ready_refused;
+      report_.finished_sending.push_back(op.transfer);
+    }
+  }
+  for (const AbortSendOp& op : meta.aborts) table.Abort(op.transfer, now);
+}
+
+template <typename Table>
+void RankConnector::ApplyConsumer(Table& table, const ConnectorMetadata& meta, Instant now) {
+  for (const LoadOp& op : meta.loads) {
+    bool all_known = false;
+    std::vector<PeerId> peers = ProducersFor(op.producer_engine, op.producer_tp, &all_known);
+    Status s = all_known ? table.Start(op.request, op.transfer, peers, op.dst, now,
+                                       op.prompt_hash)
+                         : UnavailableError("producer rank unknown");
+    if (!s.ok()) {
+      // Nothing was sent for this load, so nothing can land: it fails now.
+      // If a producer was unknown, the known ones are told to drop the
+      // transfer. Any other refusal (a live load already has this
+      // transfer_id) must leave the transfer alone: it is someone else's.
+      if (!all_known) {
+        ++stats_.unknown_producer;
+        table.ReleaseUnstarted(op.transfer, peers, op.prompt_hash);
+      }
+      report_.finished_recving.push_back(
+          LoadDone{op.request, op.transfer, false, false, TransferResult::kUnreachable});
+    }
+  }
+  for (const ReleaseLoadOp& op : meta.releases) {
+    // No live load on this rank: the blocks are free to go now.
+    if (!table.Release(op.request, now)) report_.released.push_back(op.request);
+  }
+  for (const ReleaseUnstartedOp& op : meta.unstarted_releases) {
+    bool all_known = false;
+    table.ReleaseUnstarted(op.transfer,
+                           ProducersFor(op.producer_engine, op.producer_tp, &all_known),
+                           op.prompt_hash);
+  }
+}
+
 void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
-  if (producer()) {
-    for (const ClaimOp& op : meta.claims) {
-      const uint32_t need = ConsumersPerProducer(options_.tp, op.consumer_tp);
-      if (!send_->Claim(op.transfer, need, now, op.prompt_hash, op.consumer_engine).ok()) {
-        ++stats_.claim_refused;
-      }
-    }
-    for (const ReadyOp& op : meta.readies) {
-      if (!send_->Ready(op.transfer, op.blocks, now, op.prompt_hash).ok()) {
-        // The send ended first (D released it, a deadline passed): nothing
-        // holds the blocks on this rank.
-        ++stats_.ready_refused;
-        report_.finished_sending.push_back(op.transfer);
-      }
-    }
-    for (const AbortSendOp& op : meta.aborts) send_->Abort(op.transfer, now);
-  }
-  if (consumer()) {
-    for (const LoadOp& op : meta.loads) {
-      bool all_known = false;
-      std::vector<PeerId> peers =
-          ProducersFor(op.producer_engine, op.producer_tp, &all_known);
-      Status s = all_known ? load_->Start(op.request, op.transfer, peers,
-                                          op.dst, now, op.prompt_hash)
-                           : UnavailableError("producer rank unknown");
-      if (!s.ok()) {
-        // Nothing was sent for this load, so no write can land: it fails
-        // now. If a producer was unknown, the known ones are told to drop
-        // the transfer. Any other refusal (a live load already has this
-        // transfer_id) must leave the transfer alone: it is someone else's.
-        if (!all_known) {
-          ++stats_.unknown_producer;
-          load_->ReleaseUnstarted(op.transfer, peers, op.prompt_hash);
-        }
-        report_.finished_recving.push_back(LoadDone{
-            op.request, op.transfer, false, false, TransferResult::kUnreachable});
-      }
-    }
-    for (const ReleaseLoadOp& op : meta.releases) {
-      // No live load on this rank: the blocks are free to go now.
-      if (!load_->Release(op.request, now)) report_.released.push_back(op.request);
-    }
-    for (const ReleaseUnstartedOp& op : meta.unstarted_releases) {
-      bool all_known = false;
-      load_->ReleaseUnstarted(
-          op.transfer, ProducersFor(op.producer_engine, op.producer_tp, &all_known),
-          op.prompt_hash);
-    }
-  }
+  if (send_) ApplyProducer(*send_, meta, now);
+  if (lease_) ApplyProducer(*lease_, meta, now);
+  if (load_) ApplyConsumer(*load_, meta, now);
+  if (read_) ApplyConsumer(*read_, meta, now);
   if (meta.abort_all) {
     if (send_) send_->AbortAll(now);
     if (load_) load_->AbortAll(now);
+    if (lease_) lease_->AbortAll(now);
+    if (read_) read_->AbortAll(now);
   }
   Pump();
 }
 
 void RankConnector::OnMessage(PeerId from, const PeerMessage& msg, Instant now) {
   if (!AcceptIncarnation(from)) return;
+  const bool to_producer = std::holds_alternative<PullMsg>(msg) ||
+                           std::holds_alternative<LeaseMsg>(msg) ||
+                           std::holds_alternative<NoticeMsg>(msg);
+  if (to_producer ? !producer() : !consumer()) {
+    ++stats_.messages_wrong_role;
+    return;
+  }
   if (const auto* pull = std::get_if<PullMsg>(&msg)) {
-    if (!send_) {
-      ++stats_.messages_wrong_role;
-      return;
-    }
+    if (!send_) return void(++stats_.messages_wrong_mode);
     send_->Pull(from, pull->pull_seq, pull->items, now);
+  } else if (const auto* answer = std::get_if<AnswerMsg>(&msg)) {
+    if (!load_) return void(++stats_.messages_wrong_mode);
+    load_->OnAnswer(from, answer->pull_seq, answer->transfer, answer->result, now);
+  } else if (const auto* hb = std::get_if<LeaseMsg>(&msg)) {
+    if (!lease_) return void(++stats_.messages_wrong_mode);
+    lease_->Heartbeat(from, hb->seq, hb->transfer, hb->prompt_hash, now);
+  } else if (const auto* notice = std::get_if<NoticeMsg>(&msg)) {
+    if (!lease_) return void(++stats_.messages_wrong_mode);
+    lease_->Notice(from, notice->transfer, notice->notice, now);
+  } else if (const auto* grant = std::get_if<GrantMsg>(&msg)) {
+    if (!read_) return void(++stats_.messages_wrong_mode);
+    read_->OnGrant(from,
+                   GrantLease{from, grant->seq, grant->transfer, grant->answer, grant->result,
+                              grant->remaining_ns, grant->src},
+                   now);
   } else {
-    const auto& answer = std::get<AnswerMsg>(msg);
-    if (!load_) {
-      ++stats_.messages_wrong_role;
-      return;
-    }
-    load_->OnAnswer(from, answer.pull_seq, answer.transfer, answer.result, now);
+    if (!read_) return void(++stats_.messages_wrong_mode);
+    read_->OnRevoke(from, std::get<RevokeMsg>(msg).transfer, now);
   }
   Pump();
 }
@@ -143,20 +185,63 @@ void RankConnector::OnWriteDone(WriteId write, bool ok, Instant now) {
   Pump();
 }
 
+void RankConnector::OnReadDone(ReadId read, bool ok, Instant now) {
+  KV_CHECK(read_ != nullptr);
+  read_->OnReadDone(read, ok, now);
+  Pump();
+}
+
 void RankConnector::OnTimer(Instant now) {
   if (send_) send_->OnTimer(now);
   if (load_) load_->OnTimer(now);
+  if (lease_) lease_->OnTimer(now);
+  if (read_) read_->OnTimer(now);
   Pump();
 }
 
 std::optional<Instant> RankConnector::NextDeadline() const {
-  std::optional<Instant> a = send_ ? send_->NextDeadline() : std::nullopt;
-  std::optional<Instant> b = load_ ? load_->NextDeadline() : std::nullopt;
-  if (a && b) return std::min(*a, *b);
-  return a ? a : b;
+  std::optional<Instant> next;
+  for (std::optional<Instant> t :
+       {send_ ? send_->NextDeadline() : std::nullopt, load_ ? load_->NextDeadline() : std::nullopt,
+        lease_ ? lease_->NextDeadline() : std::nullopt,
+        read_ ? read_->NextDeadline() : std::nullopt}) {
+    if (t && (!next || *t < *next)) next = t;
+  }
+  return next;
+}
+
+void RankConnector::PumpLease() {
+  while (auto a = lease_->PollAction()) {
+    if (auto* g = std::get_if<GrantLease>(&*a)) {
+      actions_.push_back(OutMessage{g->peer, GrantMsg{g->seq, g->transfer, g->answer, g->result,
+                                                      g->remaining_ns, std::move(g->src)}});
+    } else if (auto* r = std::get_if<RevokeLease>(&*a)) {
+      actions_.push_back(OutMessage{r->peer, RevokeMsg{r->transfer}});
+    } else {
+      report_.finished_sending.push_back(std::get<SendFinished>(*a).transfer);
+    }
+  }
+}
+
+void RankConnector::PumpRead() {
+  while (auto a = read_->PollAction()) {
+    if (auto* hb = std::get_if<SendHeartbeat>(&*a)) {
+      actions_.push_back(OutMessage{hb->peer, LeaseMsg{hb->seq, hb->transfer, hb->prompt_hash}});
+    } else if (auto* n = std::get_if<SendNotice>(&*a)) {
+      actions_.push_back(OutMessage{n->peer, NoticeMsg{n->transfer, n->notice}});
+    } else if (auto* r = std::get_if<StartRead>(&*a)) {
+      actions_.push_back(std::move(*r));
+    } else if (auto* done = std::get_if<LoadDone>(&*a)) {
+      report_.finished_recving.push_back(*done);
+    } else {
+      report_.released.push_back(std::get<LoadReleased>(*a).request);
+    }
+  }
 }
 
 void RankConnector::Pump() {
+  if (lease_) PumpLease();
+  if (read_) PumpRead();
   if (send_) {
     while (auto a = send_->PollAction()) {
       if (auto* answer = std::get_if<AnswerPull>(&*a)) {
@@ -202,6 +287,8 @@ RankReport RankConnector::GetFinished() {
 void RankConnector::CheckInvariants() const {
   if (send_) send_->CheckInvariants();
   if (load_) load_->CheckInvariants();
+  if (lease_) lease_->CheckInvariants();
+  if (read_) read_->CheckInvariants();
 }
 
 }  // namespace kvrelay

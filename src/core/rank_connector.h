@@ -23,28 +23,41 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <variant>
 
 #include "core/connector_metadata.h"
+#include "core/lease_table.h"
 #include "core/load_table.h"
 #include "core/messages.h"
+#include "core/read_load_table.h"
 #include "core/send_table.h"
 
 namespace kvrelay {
 
 enum class ConnectorRole : uint8_t { kProducer, kConsumer, kBoth };
 
+// Push (Mooncake-like, the default): P writes into D's blocks (SendTable,
+// LoadTable). Read (NIXL-like): D reads P's blocks under a lease
+// (LeaseTable, ReadLoadTable). Every engine of a cluster uses one mode.
+enum class KvMode : uint8_t { kPush, kRead };
+const char* KvModeName(KvMode mode);
+bool ParseKvMode(const std::string& name, KvMode* out);
+
 struct RankConnectorOptions {
   ConnectorRole role = ConnectorRole::kBoth;
   uint32_t rank = 0;
   uint32_t tp = 1;
+  KvMode mode = KvMode::kPush;
   SendTableOptions send;
   LoadTableOptions load;
+  LeaseTableOptions lease;       // read mode, P
+  ReadLoadTableOptions read;     // read mode, D
 };
 
-using RankAction = std::variant<OutMessage, StartWrite>;
+using RankAction = std::variant<OutMessage, StartWrite, StartRead>;
 
 struct RankConnectorStats {
   uint64_t unknown_producer = 0;    // LoadOp named a rank with no peer
@@ -52,6 +65,7 @@ struct RankConnectorStats {
   uint64_t claim_refused = 0;
   uint64_t messages_wrong_role = 0;
   uint64_t stale_incarnation = 0;
+  uint64_t messages_wrong_mode = 0;  // a push message in read mode, or back
 };
 
 class RankConnector {
@@ -73,6 +87,7 @@ class RankConnector {
   void ApplyMetadata(const ConnectorMetadata& meta, Instant now);
   void OnMessage(PeerId from, const PeerMessage& msg, Instant now);
   void OnWriteDone(WriteId write, bool ok, Instant now);
+  void OnReadDone(ReadId read, bool ok, Instant now);
   void OnTimer(Instant now);
   std::optional<Instant> NextDeadline() const;
 
@@ -81,8 +96,12 @@ class RankConnector {
   RankReport GetFinished();
   bool HasReport() const { return !report_.empty(); }
 
+  // The tables of this rank's mode (the others are null).
   const SendTable* send_table() const { return send_.get(); }
   const LoadTable* load_table() const { return load_.get(); }
+  const LeaseTable* lease_table() const { return lease_.get(); }
+  const ReadLoadTable* read_table() const { return read_.get(); }
+  KvMode mode() const { return options_.mode; }
   const RankConnectorStats& stats() const { return stats_; }
   uint32_t rank() const { return options_.rank; }
   void CheckInvariants() const;
@@ -93,10 +112,20 @@ class RankConnector {
   std::vector<PeerId> ProducersFor(uint32_t engine, uint32_t p_tp,
                                    bool* all_known) const;
   void Pump();  // moves table actions into actions_ / report_
+  void PumpLease();
+  void PumpRead();
+  // Metadata for the producer table (SendTable or LeaseTable) and the
+  // consumer table (LoadTable or ReadLoadTable): the same calls either way.
+  template <typename Table>
+  void ApplyProducer(Table& table, const ConnectorMetadata& meta, Instant now);
+  template <typename Table>
+  void ApplyConsumer(Table& table, const ConnectorMetadata& meta, Instant now);
 
   const RankConnectorOptions options_;
   std::unique_ptr<SendTable> send_;
   std::unique_ptr<LoadTable> load_;
+  std::unique_ptr<LeaseTable> lease_;
+  std::unique_ptr<ReadLoadTable> read_;
   // Returns false (and counts) if `from` is older than its peer index's
   // newest incarnation seen; records newer ones.
   bool AcceptIncarnation(PeerId from);
