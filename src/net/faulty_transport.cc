@@ -85,6 +85,10 @@ class FaultyTransport final : public Transport {
     if (!t.ok()) return t.status();
     return std::unique_ptr<Target>(std::make_unique<FaultyTarget>(std::move(*t), state_));
   }
+  Result<std::unique_ptr<Source>> OpenSource(std::span<const uint8_t> registration,
+                                             Region* local) override {
+    return inner_->OpenSource(registration, local);  // no read faults (yet)
+  }
   const TransportStats& stats() const override { return inner_->stats(); }
 
  private:

@@ -7,6 +7,10 @@
 // O_EXCL, sizes and reserves it (posix_fallocate, so a full /dev/shm is an
 // error now rather than a SIGBUS later), maps it MAP_SHARED and keeps the
 // name linked so writers can open it; the destructor unmaps and unlinks.
+// It also keeps the segment's fd open with an exclusive flock() on it for
+// its whole life: the owner's liveness lock. The kernel drops it when the
+// region is destroyed or its process dies (or when the last fork-inherited
+// copy of the fd is closed: a child forked without exec keeps it held).
 // Invariant: the mapping is layout.bytes() long for the region's life.
 //
 // ShmTarget: owned by the writer (one per remote region). Maps the remote
@@ -14,6 +18,14 @@
 // before copying any byte (kOutOfRange otherwise) and then memcpy's. The
 // mapping is unmapped when the Target is destroyed. Thread-safe: Write
 // touches only the two mappings and atomic stats.
+//
+// ShmSource: owned by the reader (read mode; one per remote region). Maps
+// the remote segment read-only and keeps its fd; Read bounds-checks every
+// segment, memcpy's remote → local, and returns OK only if the owner's
+// liveness lock is still held after the copy (a shared flock attempt on its
+// own fd fails with EWOULDBLOCK); it checks before the copy too, to fail
+// fast. A Read of a destroyed region, or one whose process died, fails
+// kUnavailable. Thread-safe like ShmTarget.
 //
 // Registration bytes, little-endian: u32 magic 'KVSH', u16 version (1),
 // u16 name length, name, u64 total bytes, u64 planes, u32 num_blocks,
@@ -24,6 +36,7 @@
 // Stats live in a shared_ptr so Regions and Targets may outlive the
 // Transport that made them.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -116,15 +129,19 @@ Result<ShmRegistration> DecodeRegistration(std::span<const uint8_t> in) {
 
 class ShmRegion final : public Region {
  public:
-  ShmRegion(std::string name, uint8_t* base, const RegionLayout& layout)
+  // Takes `fd` (the segment, its liveness lock held).
+  ShmRegion(std::string name, int fd, uint8_t* base, const RegionLayout& layout)
       : name_(std::move(name)),
+        fd_(fd),
         base_(base),
         layout_(layout),
         registration_(EncodeRegistration({name_, layout.bytes(), layout})),
-        grants_(layout.num_blocks) {}
+        grants_(layout.num_blocks),
+        read_grants_(layout.num_blocks) {}
   ~ShmRegion() override {
     munmap(base_, layout_.bytes());
     shm_unlink(name_.c_str());
+    close(fd_);  // drops the liveness lock: readers' Reads fail from now on
   }
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;
@@ -133,13 +150,16 @@ class ShmRegion final : public Region {
   const RegionLayout& layout() const override { return layout_; }
   const std::vector<uint8_t>& registration() const override { return registration_; }
   GrantTable& grants() override { return grants_; }
+  ReadGrantTable& read_grants() override { return read_grants_; }
 
  private:
   const std::string name_;
+  const int fd_;
   uint8_t* const base_;
   const RegionLayout layout_;
   const std::vector<uint8_t> registration_;
   GrantTable grants_;
+  ReadGrantTable read_grants_;
 };
 
 class ShmTarget final : public Target {
@@ -180,6 +200,111 @@ class ShmTarget final : public Target {
   const std::shared_ptr<TransportStats> stats_;
 };
 
+// True while the owner of the segment behind `fd` holds its liveness lock.
+bool OwnerAlive(int fd) {
+  while (true) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+      flock(fd, LOCK_UN);  // we got it: nobody holds the owner's lock
+      return false;
+    }
+    if (errno != EINTR) return errno == EWOULDBLOCK;
+  }
+}
+
+class ShmSource final : public Source {
+ public:
+  // Takes `fd` and the read-only mapping `remote`.
+  ShmSource(Region* local, int fd, const uint8_t* remote, uint64_t remote_bytes,
+            std::shared_ptr<TransportStats> stats)
+      : local_(local), fd_(fd), remote_(remote), remote_bytes_(remote_bytes),
+        stats_(std::move(stats)) {}
+  ~ShmSource() override {
+    munmap(const_cast<uint8_t*>(remote_), remote_bytes_);
+    close(fd_);
+  }
+  ShmSource(const ShmSource&) = delete;
+  ShmSource& operator=(const ShmSource&) = delete;
+
+  Status Read(TransferId, std::span<const Segment> segments) override {
+    Status status = Copy(segments);
+    if (status.ok()) {
+      stats_->reads_ok.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      stats_->reads_failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    return status;
+  }
+
+ private:
+  Status Copy(std::span<const Segment> segments) {
+    const std::span<uint8_t> local = local_->bytes();
+    uint64_t total = 0;
+    for (const Segment& s : segments) {
+      if (s.src_offset > remote_bytes_ || s.bytes > remote_bytes_ - s.src_offset ||
+          s.dst_offset > local.size() || s.bytes > local.size() - s.dst_offset) {
+        return Status(StatusCode::kOutOfRange,
+                      "shm read: segment [" + std::to_string(s.src_offset) + " -> " +
+                          std::to_string(s.dst_offset) + ", " + std::to_string(s.bytes) +
+                          " bytes) outside a region");
+      }
+      total += s.bytes;
+    }
+    if (!OwnerAlive(fd_)) return UnavailableError("shm read: the remote region is gone");
+    for (const Segment& s : segments) {
+      std::memcpy(local.data() + s.dst_offset, remote_ + s.src_offset, s.bytes);
+    }
+    // Destroyed (or its owner died) during the copy: the bytes may be of
+    // blocks already handed to something else.
+    if (!OwnerAlive(fd_)) {
+      return UnavailableError("shm read: the remote region went away during the read");
+    }
+    stats_->bytes_read.fetch_add(total, std::memory_order_relaxed);
+    return Status::Ok();
+  }
+
+  Region* const local_;
+  const int fd_;
+  const uint8_t* const remote_;
+  const uint64_t remote_bytes_;
+  const std::shared_ptr<TransportStats> stats_;
+};
+
+// A remote segment opened and mapped from its registration.
+struct RemoteSegment {
+  int fd = -1;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Opens and maps the segment a registration names, read-write (a Target)
+// or read-only (a Source), after checking its size.
+Result<RemoteSegment> MapRemote(std::span<const uint8_t> registration, bool writable) {
+  Result<ShmRegistration> r = DecodeRegistration(registration);
+  if (!r.ok()) return r.status();
+  const int fd = shm_open(r->name.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
+  if (fd < 0) return UnavailableError(Errno(("shm_open " + r->name).c_str()));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    Status status = UnavailableError(Errno("fstat"));
+    close(fd);
+    return status;
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) != r->total_bytes) {
+    close(fd);
+    return InvalidArgumentError("shm segment " + r->name + " is " +
+                                std::to_string(st.st_size) + " bytes, registered " +
+                                std::to_string(r->total_bytes));
+  }
+  void* base = mmap(nullptr, r->total_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                    MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    Status status = UnavailableError(Errno("mmap"));
+    close(fd);
+    return status;
+  }
+  return RemoteSegment{fd, static_cast<uint8_t*>(base), r->total_bytes};
+}
+
 class ShmTransport final : public Transport {
  public:
   ShmTransport() : stats_(std::make_shared<TransportStats>()) {}
@@ -216,38 +341,35 @@ class ShmTransport final : public Transport {
       errno = err;
       return fail("posix_fallocate");
     }
+    // The liveness lock, before the registration exists: no reader can
+    // see the region without it.
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return fail("flock");
     void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) return fail("mmap");
-    close(fd);
     return std::unique_ptr<Region>(
-        std::make_unique<ShmRegion>(segment, static_cast<uint8_t*>(base), layout));
+        std::make_unique<ShmRegion>(segment, fd, static_cast<uint8_t*>(base), layout));
   }
 
   Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
                                        Region* local) override {
     KV_CHECK(local != nullptr);
-    Result<ShmRegistration> r = DecodeRegistration(registration);
-    if (!r.ok()) return r.status();
-    const int fd = shm_open(r->name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) return UnavailableError(Errno(("shm_open " + r->name).c_str()));
-    struct stat st {};
-    if (fstat(fd, &st) != 0) {
-      Status status = UnavailableError(Errno("fstat"));
-      close(fd);
-      return status;
-    }
-    if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) != r->total_bytes) {
-      close(fd);
-      return InvalidArgumentError("shm segment " + r->name + " is " +
-                                  std::to_string(st.st_size) + " bytes, registered " +
-                                  std::to_string(r->total_bytes));
-    }
-    void* base = mmap(nullptr, r->total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    Status map_status = base == MAP_FAILED ? UnavailableError(Errno("mmap")) : Status::Ok();
-    close(fd);
-    if (!map_status.ok()) return map_status;
-    return std::unique_ptr<Target>(std::make_unique<ShmTarget>(
-        local, static_cast<uint8_t*>(base), r->total_bytes, stats_));
+    Result<RemoteSegment> remote = MapRemote(registration, /*writable=*/true);
+    if (!remote.ok()) return remote.status();
+    close(remote->fd);
+    return std::unique_ptr<Target>(
+        std::make_unique<ShmTarget>(local, remote->base, remote->bytes, stats_));
+  }
+
+  Result<std::unique_ptr<Source>> OpenSource(std::span<const uint8_t> registration,
+                                             Region* local) override {
+    KV_CHECK(local != nullptr);
+    Result<RemoteSegment> remote = MapRemote(registration, /*writable=*/false);
+    if (!remote.ok()) return remote.status();
+    auto source =
+        std::make_unique<ShmSource>(local, remote->fd, remote->base, remote->bytes, stats_);
+    // A segment still linked but whose owner died (a crashed process).
+    if (!OwnerAlive(remote->fd)) return UnavailableError("shm: the remote region's owner is gone");
+    return std::unique_ptr<Source>(std::move(source));
   }
 
   const TransportStats& stats() const override { return *stats_; }

@@ -1,6 +1,6 @@
 // tcp_client.h — StreamPool: the connections from one process to one remote
-// tcp region's receiver, shared by the writer (TcpTarget) and the reader
-// (TcpSource): at most max_streams, opened lazily, reused while in step.
+// tcp region's receiver, for writes and reads alike (TcpRemote): at most
+// max_streams, opened lazily, reused while in step.
 //
 // Each operation takes a stream for itself (an idle one, or a new one while
 // fewer than max_streams are open; otherwise it waits at most kStreamWait),
@@ -12,6 +12,8 @@
 //
 // Sockets: TCP_NODELAY, 4 MiB SO_SNDBUF, send/recv timeouts of
 // kStallTimeoutMs, connect bounded by kConnectTimeoutMs.
+//
+// RunFrames: the local half of a Write or a Read over a pool.
 //
 // Thread safety: Run may be called from several threads at once.
 // Ownership: owned by its Target or Source; destroying it while an
@@ -153,5 +155,44 @@ class StreamPool {
   std::vector<int> idle_ GUARDED_BY(mu_);
   uint32_t open_ GUARDED_BY(mu_) = 0;  // idle + in use
 };
+
+// What a Write and a Read share on the local side: check every segment's
+// local range (src for a write, dst for a read) before any byte moves, run
+// frame_fn(fd, frame, frame_bytes, table) for each frame on one pooled
+// stream, and count the outcome in `ok`/`failed`/`bytes`.
+struct OpCounters {
+  std::atomic<uint64_t>& ok;
+  std::atomic<uint64_t>& failed;
+  std::atomic<uint64_t>& bytes;
+};
+
+template <typename FrameFn>
+Status RunFrames(StreamPool& pool, std::span<uint8_t> local, std::span<const Segment> segments,
+                 bool local_is_src, const char* what, OpCounters counters, FrameFn frame_fn) {
+  uint64_t total = 0;
+  for (const Segment& s : segments) {
+    const uint64_t offset = local_is_src ? s.src_offset : s.dst_offset;
+    if (offset > local.size() || s.bytes > local.size() - offset) {
+      counters.failed.fetch_add(1, std::memory_order_relaxed);
+      return Status(StatusCode::kOutOfRange,
+                    std::string("tcp ") + what + ": local segment [" + std::to_string(offset) +
+                        ", " + std::to_string(s.bytes) + " bytes) outside the local region");
+    }
+    total += s.bytes;
+  }
+  const Status status = pool.Run([&](int fd) {
+    std::vector<uint8_t> table;  // this call's: operations run concurrently
+    return ForEachFrame(segments, [&](std::span<const Segment> frame, uint64_t frame_bytes) {
+      return frame_fn(fd, frame, frame_bytes, table);
+    });
+  });
+  if (status.ok()) {
+    counters.ok.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes.fetch_add(total, std::memory_order_relaxed);
+  } else {
+    counters.failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  return status;
+}
 
 }  // namespace kvrelay::net::tcp

@@ -1,7 +1,8 @@
 // tcp_region.h — TcpRegion: a rank's KV memory on the tcp transport, and
 // the receiver that writes arriving frames into it after checking every
-// block against the region's GrantTable (see tcp_transport.cc for the
-// theory of operation).
+// block against the region's GrantTable, and serves read requests from it
+// after checking every block against its ReadGrantTable (see
+// tcp_transport.cc for the theory of operation).
 //
 // Ownership: owned by whoever called CreateRegion; its accept thread and
 // one thread per connection are stopped and joined by the destructor.
@@ -14,7 +15,11 @@ namespace kvrelay::net::tcp {
 class TcpRegion final : public Region {
  public:
   TcpRegion(uint8_t* base, const RegionLayout& layout, std::shared_ptr<TransportStats> stats)
-      : base_(base), layout_(layout), grants_(layout.num_blocks), stats_(std::move(stats)) {}
+      : base_(base),
+        layout_(layout),
+        grants_(layout.num_blocks),
+        read_grants_(layout.num_blocks),
+        stats_(std::move(stats)) {}
 
   ~TcpRegion() override {
     if (accept_thread_.joinable()) {
@@ -96,6 +101,7 @@ class TcpRegion final : public Region {
   const RegionLayout& layout() const override { return layout_; }
   const std::vector<uint8_t>& registration() const override { return registration_; }
   GrantTable& grants() override { return grants_; }
+  ReadGrantTable& read_grants() override { return read_grants_; }
 
  private:
   struct Conn {
@@ -103,8 +109,10 @@ class TcpRegion final : public Region {
     bool done = false;
     std::thread thread;
   };
+  // A table entry: a range of this region (a write's destination or a
+  // read's source).
   struct FrameSegment {
-    uint64_t dst_offset;
+    uint64_t offset;
     uint64_t bytes;
   };
 
@@ -128,8 +136,9 @@ class TcpRegion final : public Region {
         }
         continue;
       }
-      const int yes = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+      // Send timeout and buffer too: a read streams a payload to a peer
+      // that may stall.
+      SetStreamOptions(fd);
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) {
         close(fd);
@@ -185,32 +194,35 @@ class TcpRegion final : public Region {
     return true;
   }
 
-  // True if every block of every plane that [offset, offset+bytes) touches
-  // is granted to `transfer`. REQUIRES: bytes > 0, inside the region.
-  bool Granted(TransferId transfer, uint64_t offset, uint64_t bytes) const {
+  // True if `table` allows `transfer` every block of every plane that
+  // [offset, offset+bytes) touches. REQUIRES: bytes > 0, inside the region.
+  template <typename Table>
+  bool Granted(const Table& table, TransferId transfer, uint64_t offset, uint64_t bytes) const {
     const uint64_t plane_bytes = layout_.num_blocks * layout_.block_stride_bytes;
     const uint64_t last = offset + bytes - 1;
     const uint32_t first_block = layout_.BlockOf(offset);
     const uint32_t last_block = layout_.BlockOf(last);
     const uint64_t first_plane = offset / plane_bytes;
     const uint64_t last_plane = last / plane_bytes;
-    if (first_plane == last_plane) return grants_.Allows(transfer, first_block, last_block);
+    if (first_plane == last_plane) return table.Allows(transfer, first_block, last_block);
     // Spans planes: the tail of the first, all of any in between, the head
     // of the last.
     const uint32_t end_block = layout_.num_blocks - 1;
-    if (!grants_.Allows(transfer, first_block, end_block)) return false;
-    if (last_plane - first_plane >= 2 && !grants_.Allows(transfer, 0, end_block)) return false;
-    return grants_.Allows(transfer, 0, last_block);
+    if (!table.Allows(transfer, first_block, end_block)) return false;
+    if (last_plane - first_plane >= 2 && !table.Allows(transfer, 0, end_block)) return false;
+    return table.Allows(transfer, 0, last_block);
   }
 
-  bool AllGranted(TransferId transfer, const std::vector<FrameSegment>& segments) const {
+  template <typename Table>
+  bool AllGranted(const Table& table, TransferId transfer,
+                  const std::vector<FrameSegment>& segments) const {
     for (const FrameSegment& s : segments) {
-      if (s.bytes > 0 && !Granted(transfer, s.dst_offset, s.bytes)) return false;
+      if (s.bytes > 0 && !Granted(table, transfer, s.offset, s.bytes)) return false;
     }
     return true;
   }
 
-  // One frame; false when the connection must close.
+  // One write frame or read request; false when the connection must close.
   bool ServeFrame(int fd, std::vector<uint8_t>& table, std::vector<FrameSegment>& segments,
                   std::vector<uint8_t>& scratch) {
     uint8_t header[kHeaderBytes];
@@ -221,8 +233,8 @@ class TcpRegion final : public Region {
     const TransferId transfer{GetLe(header + 8, 8), GetLe(header + 16, 8)};
     const uint32_t n = static_cast<uint32_t>(GetLe(header + 24, 4));
     const uint64_t total = GetLe(header + 28, 8);
-    if (magic != kFrameMagic || version != kFrameVersion || flags != 0 ||
-        n > kMaxFrameSegments || total > kMaxFrameBytes) {
+    if ((magic != kFrameMagic && magic != kReadMagic) || version != kFrameVersion ||
+        flags != 0 || n > kMaxFrameSegments || total > kMaxFrameBytes) {
       stats_->frames_malformed.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
@@ -238,20 +250,22 @@ class TcpRegion final : public Region {
       const uint8_t* e = table.data() + size_t{i} * kTableEntryBytes;
       const FrameSegment s{GetLe(e, 8), GetLe(e + 8, 8)};
       if (__builtin_add_overflow(sum, s.bytes, &sum)) sum_ok = false;
-      if (s.dst_offset > region_bytes || s.bytes > region_bytes - s.dst_offset) in_region = false;
+      if (s.offset > region_bytes || s.bytes > region_bytes - s.offset) in_region = false;
       segments.push_back(s);
     }
-    if (!sum_ok || sum != total) {
+    const bool malformed = !sum_ok || sum != total;
+    if (magic == kReadMagic) return ServeRead(fd, transfer, segments, total, malformed, in_region);
+    if (malformed) {
       stats_->frames_malformed.fetch_add(1, std::memory_order_relaxed);
       return Discard(fd, total, scratch) && SendReply(fd, kReplyMagic, kReplyMalformed);
     }
-    if (!in_region || !AllGranted(transfer, segments)) {
+    if (!in_region || !AllGranted(grants_, transfer, segments)) {
       stats_->writes_refused.fetch_add(1, std::memory_order_relaxed);
       return Discard(fd, total, scratch) && SendReply(fd, kReplyMagic, kReplyRefused);
     }
     // Straight into the region, a batch of segments per recvmsg.
     if (!IoSegments(fd, base_, std::span<const FrameSegment>(segments),
-                    [](const FrameSegment& s) { return s.dst_offset; }, RecvAllV)) {
+                    [](const FrameSegment& s) { return s.offset; }, RecvAllV)) {
       return false;
     }
     // Release: a thread that sees the count sees the bytes (the writer's
@@ -259,8 +273,37 @@ class TcpRegion final : public Region {
     stats_->bytes_received.fetch_add(total, std::memory_order_release);
     // Revoked while the payload was arriving: the bytes landed, but the
     // writer must not count the write as done.
-    if (!AllGranted(transfer, segments)) {
+    if (!AllGranted(grants_, transfer, segments)) {
       stats_->writes_refused.fetch_add(1, std::memory_order_relaxed);
+      return SendReply(fd, kReplyMagic, kReplyRefused);
+    }
+    return SendReply(fd, kReplyMagic, kReplyOk);
+  }
+
+  // A read request whose table has arrived: refused or malformed requests
+  // get a head saying so and nothing else (the stream stays in step);
+  // otherwise the head, the bytes straight from the region, and a trailer
+  // that says whether the read grant held until the last byte was sent.
+  bool ServeRead(int fd, TransferId transfer, const std::vector<FrameSegment>& segments,
+                 uint64_t total, bool malformed, bool in_region) {
+    if (malformed) {
+      stats_->frames_malformed.fetch_add(1, std::memory_order_relaxed);
+      return SendReply(fd, kReadHeadMagic, kReplyMalformed);
+    }
+    if (!in_region || !AllGranted(read_grants_, transfer, segments)) {
+      stats_->reads_refused.fetch_add(1, std::memory_order_relaxed);
+      return SendReply(fd, kReadHeadMagic, kReplyRefused);
+    }
+    if (!SendReply(fd, kReadHeadMagic, kReplyOk) ||
+        !IoSegments(fd, base_, std::span<const FrameSegment>(segments),
+                    [](const FrameSegment& s) { return s.offset; }, SendAllV)) {
+      return false;  // the reader went away or stalled past kStallTimeoutMs
+    }
+    stats_->bytes_served.fetch_add(total, std::memory_order_relaxed);
+    // Revoked while the bytes were going out: they may be of blocks P
+    // already reuses, so the reader must not count the read as done.
+    if (!AllGranted(read_grants_, transfer, segments)) {
+      stats_->reads_refused.fetch_add(1, std::memory_order_relaxed);
       return SendReply(fd, kReplyMagic, kReplyRefused);
     }
     return SendReply(fd, kReplyMagic, kReplyOk);
@@ -270,6 +313,7 @@ class TcpRegion final : public Region {
   const RegionLayout layout_;
   std::vector<uint8_t> registration_;  // set by Start, then constant
   GrantTable grants_;
+  ReadGrantTable read_grants_;
   const std::shared_ptr<TransportStats> stats_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;

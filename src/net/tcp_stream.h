@@ -1,9 +1,9 @@
 // tcp_stream.h — the tcp transport's wire and socket plumbing: frame and
 // registration constants, the registration codec (bounds-checked), frame
 // splitting and head encoding, and blocking, EINTR-safe send/recv helpers
-// with stall bounds. Shared by the receiver (tcp_region.h), the writer
-// (tcp_target.h) and the reader (tcp_source.h); the frame formats are in
-// tcp_transport.cc's header comment and docs/wire.md.
+// with stall bounds. Shared by the receiver (tcp_region.h) and the writer
+// and reader (tcp_target.h); the frame formats are in tcp_transport.cc's
+// header comment and docs/wire.md.
 //
 // Thread safety: pure functions and values.
 #pragma once

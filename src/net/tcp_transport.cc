@@ -26,6 +26,25 @@
 // byte of a frame but at most kStallTimeoutMs for each later byte, so a
 // stalled peer cannot hold a connection slot mid-frame forever.
 //
+// Read request (reader → receiver, read mode): the frame header with magic
+// 'KVTQ' (same fields; total_bytes = the sum of the table's bytes) and the
+// table n_segments × { u64 src_offset | u64 bytes } (offsets in the
+// receiver's region); no payload. Response (receiver → reader):
+//   head    u32 magic 'KVTD' | u32 status: 0 ok, 1 refused (a segment
+//           outside the region or on a block the ReadGrantTable does not
+//           grant for read to the transfer), 2 malformed (sum ≠ total).
+//           Refused and malformed end the response here; the stream stays
+//           in step.
+//   payload (ok only) total_bytes: the segments' bytes in table order, sent
+//           with sendmsg straight from the region.
+//   trailer (ok only) u32 magic 'KVTR' | u32 status: 0 ok (every block was
+//           still granted for read after the last byte was sent), 1 refused
+//           (revoked meanwhile: the reader must not use the bytes).
+// Refusals count as reads_refused, bad tables as frames_malformed; a header
+// over the limits closes the connection, as for writes. The receiver's
+// sockets have a send timeout of kStallTimeoutMs, so a reader that stops
+// reading cannot hold a serving thread forever.
+//
 // Grants are checked when a frame's table arrives, before any byte of it is
 // written. A revoke that lands while a granted frame's payload is being
 // received does not stop that frame: the bytes still land, then the frame
@@ -35,7 +54,8 @@
 // only after the load ends; a frame in flight to them is bounded by the
 // stall timeout).
 //
-// TcpTarget: owned by the writer, one per remote region. A pool of at most
+// TcpRemote (tcp_target.h), as a Target: owned by the writer, one per
+// remote region. A pool of at most
 // options.tcp_streams connections, opened lazily (TCP_NODELAY, 4 MiB
 // SO_SNDBUF, send/recv timeouts of kStallTimeoutMs). Write takes an idle
 // connection or opens one (waiting at most kStreamWaitMs when all are
@@ -46,14 +66,23 @@
 // error closes that connection and returns kUnavailable; a refused frame
 // returns kFailedPrecondition and keeps the connection.
 //
+// TcpRemote as a Source: owned by the reader, one per remote region. The
+// same pool (tcp_client.h) and framing: Read cuts the segments into requests within
+// the frame limits, sends each on its stream and receives the payload with
+// recvmsg over iovecs pointing into the local region (no copy), each
+// request answered before the next. A peer that closes or stalls past
+// kStallTimeoutMs fails the Read with kUnavailable; a refused request
+// returns kFailedPrecondition and keeps the connection.
+//
 // Registration bytes (little-endian): u32 magic 'KVTC' | u16 version (1) |
 // u16 host length | host | u16 port | u64 total bytes | u64 planes |
 // u32 num_blocks | u64 block_stride_bytes. The host is listen_host as
 // given: it must be an address the writers can reach.
 //
 // Stats live in a shared_ptr so Regions and Targets may outlive the
-// Transport. Writer side: writes_ok/failed, bytes_written; receiver side:
-// bytes_received, writes_refused, frames_malformed.
+// Transport. Writer side: writes_ok/failed, bytes_written; reader side:
+// reads_ok/failed, bytes_read; receiver side: bytes_received,
+// writes_refused, bytes_served, reads_refused, frames_malformed.
 #include <sys/mman.h>
 
 #include <memory>
@@ -71,7 +100,7 @@ using tcp::Errno;
 using tcp::LayoutBytes;
 using tcp::TcpRegion;
 using tcp::TcpRegistration;
-using tcp::TcpTarget;
+using tcp::TcpRemote;
 
 class TcpTransport final : public Transport {
  public:
@@ -96,16 +125,30 @@ class TcpTransport final : public Transport {
 
   Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
                                        Region* local) override {
-    KV_CHECK(local != nullptr);
-    Result<TcpRegistration> r = DecodeRegistration(registration);
-    if (!r.ok()) return r.status();
-    return std::unique_ptr<Target>(
-        std::make_unique<TcpTarget>(local, std::move(r).value(), options_.tcp_streams, stats_));
+    Result<std::unique_ptr<TcpRemote>> remote = OpenRemote(registration, local);
+    if (!remote.ok()) return remote.status();
+    return std::unique_ptr<Target>(std::move(remote).value());
+  }
+
+  Result<std::unique_ptr<Source>> OpenSource(std::span<const uint8_t> registration,
+                                             Region* local) override {
+    Result<std::unique_ptr<TcpRemote>> remote = OpenRemote(registration, local);
+    if (!remote.ok()) return remote.status();
+    return std::unique_ptr<Source>(std::move(remote).value());
   }
 
   const TransportStats& stats() const override { return *stats_; }
 
  private:
+  // Connects lazily: the first Write or Read opens the first stream.
+  Result<std::unique_ptr<TcpRemote>> OpenRemote(std::span<const uint8_t> registration,
+                                                Region* local) {
+    KV_CHECK(local != nullptr);
+    Result<TcpRegistration> r = DecodeRegistration(registration);
+    if (!r.ok()) return r.status();
+    return std::make_unique<TcpRemote>(local, std::move(r).value(), options_.tcp_streams, stats_);
+  }
+
   const TransportOptions options_;
   const std::shared_ptr<TransportStats> stats_;
 };

@@ -10,6 +10,10 @@
 // is RDMA's model (register, exchange keys, one-sided put) and the same
 // code path serves shared memory, our own TCP stream and UCX.
 //
+// Read mode (NIXL-style) is the same model the other way round: D
+// OpenSource()s P's registration into a Source and Source::Read copies
+// Segments from P's Region into its own, one-sided (RDMA's get).
+//
 // Guarantees, identical across transports:
 //   - Target::Write returns OK only when every byte is at the destination
 //     (shm: copied; tcp: the receiver wrote it and acknowledged; ucx: the
@@ -19,9 +23,21 @@
 //     counted (a peer can never write outside what it was granted). shm and
 //     ucx are one-sided, like RDMA: the writer's own connector enforces the
 //     grant (it writes only the dst blocks of a pull it received).
+//   - Source::Read returns OK only when every byte is in the local region
+//     and the remote region was alive (not destroyed, its owner not gone)
+//     until after the last byte was taken from it (shm: copied, the owner's
+//     lock still held; tcp: the remote receiver sent it, its read grants
+//     held throughout, and it said so; ucx: the gets and a flush completed
+//     and the region's liveness word, read after them, is unchanged). A
+//     failed Read may have written any part of the segments' local bytes.
+//   - tcp's receiver serves only reads of blocks that its region's
+//     ReadGrantTable grants for read to that transfer, for the whole time
+//     it sends them; anything else is refused and counted (reads_refused).
+//     shm and ucx are one-sided: the reader's own connector enforces it (it
+//     reads only the blocks P named for that transfer).
 //
-// Threading: Transport, Region and Target are thread-safe; several writer
-// threads may call Target::Write at once.
+// Threading: Transport, Region, Target and Source are thread-safe; several
+// threads may call Target::Write and Source::Read at once.
 #pragma once
 
 #include <atomic>
@@ -57,8 +73,10 @@ struct RegionLayout {
   }
 };
 
-// One contiguous copy: `bytes` at `src_offset` of the writer's region to
-// `dst_offset` of the target region.
+// One contiguous copy: `bytes` at `src_offset` of the region the bytes come
+// from to `dst_offset` of the region they go to. Target::Write: src is the
+// local region, dst the remote one; Source::Read: src is the remote region,
+// dst the local one.
 struct Segment {
   uint64_t src_offset = 0;
   uint64_t dst_offset = 0;
@@ -73,6 +91,11 @@ struct TransportStats {
   std::atomic<uint64_t> bytes_received{0};     // tcp receiver
   std::atomic<uint64_t> writes_refused{0};     // tcp receiver: not granted / out of range
   std::atomic<uint64_t> frames_malformed{0};   // tcp receiver
+  std::atomic<uint64_t> reads_ok{0};           // Source::Read, reader side
+  std::atomic<uint64_t> reads_failed{0};
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> reads_refused{0};      // tcp receiver: not granted for read / out of range
+  std::atomic<uint64_t> bytes_served{0};       // tcp receiver: bytes sent to readers
 };
 
 // A rank's registered KV memory.
@@ -84,7 +107,12 @@ class Region {
   // What a remote writer needs to Open() this region (segment name, host
   // and port, rkey and worker address, ...). Opaque outside the transport.
   virtual const std::vector<uint8_t>& registration() const = 0;
+  // Which transfer may write each block (tcp's receiver checks it).
   virtual GrantTable& grants() = 0;
+  // Which transfers may read each block (read mode; tcp's receiver checks
+  // it): P grants a transfer's source blocks when they are ready for D and
+  // revokes them when the transfer ends.
+  virtual ReadGrantTable& read_grants() = 0;
 };
 
 // A remote region, open for writing from a local one.
@@ -95,6 +123,22 @@ class Target {
   // when the bytes are there. `transfer` names the grant the receiver
   // checks (tcp). REQUIRES: segments inside both regions.
   virtual Status Write(TransferId transfer, std::span<const Segment> segments) = 0;
+};
+
+// A remote region, open for reading into a local one (read mode).
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Copies every segment from the remote region (src_offset) into the
+  // local one (dst_offset); returns when the bytes are in local memory.
+  // `transfer` names the read grant the remote receiver checks (tcp).
+  // REQUIRES: segments inside both regions (kOutOfRange otherwise; tcp
+  // finds a remote range error at the remote end: kFailedPrecondition).
+  // Errors: kFailedPrecondition (tcp: refused — not granted for read, or
+  // revoked while the bytes were sent), kUnavailable (the remote region or
+  // its process is gone, the path to it broke or stalled past the stall
+  // timeout), kDeadlineExceeded (ucx: gets not complete in time).
+  virtual Status Read(TransferId transfer, std::span<const Segment> segments) = 0;
 };
 
 struct TransportOptions {
@@ -115,6 +159,11 @@ class Transport {
   // Errors: kInvalidArgument (malformed registration), kUnavailable.
   virtual Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
                                                Region* local) = 0;
+  // Opens a remote region from its registration, to read into `local`.
+  // Errors: kInvalidArgument (malformed registration), kUnavailable (shm,
+  // ucx: the remote region is already gone).
+  virtual Result<std::unique_ptr<Source>> OpenSource(std::span<const uint8_t> registration,
+                                                     Region* local) = 0;
   virtual const TransportStats& stats() const = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 
 #include "base/prng.h"
 #include "engine/byte_kv_memory.h"
+#include "net/tcp_stream.h"
 #include "net/write_plan.h"
 
 namespace kvrelay::net {
@@ -144,6 +146,25 @@ class TransportTest : public testing::TestWithParam<TransportKind> {
     auto t = p_->Open(remote.registration(), &local);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? std::move(t).value() : nullptr;
+  }
+
+  // P's and D's regions of `layout`, P's filled with FillPattern(seed);
+  // both null on failure (recorded).
+  struct Regions {
+    std::unique_ptr<Region> p, d;
+  };
+  Regions NewRegions(const RegionLayout& layout, uint64_t seed) {
+    Regions r{NewRegion(*p_, layout), NewRegion(*d_, layout)};
+    if (!r.p || !r.d) return {};
+    FillPattern(r.p->bytes(), seed);
+    return r;
+  }
+
+  // D opens P's region `remote` for reading into `local`.
+  std::unique_ptr<Source> OpenSource(Region& remote, Region& local) {
+    auto s = d_->OpenSource(remote.registration(), &local);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
   }
 
   bool IsTcp() const { return GetParam() == TransportKind::kTcp; }
@@ -280,7 +301,7 @@ TEST_P(TransportTest, ManySmallSegmentsSpanSeveralFrames) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
 }
 
-TEST_P(TransportTest, SegmentsOutsideARegionAreRefusedAndTouchNothing) {
+TEST_P(TransportTest, SegmentsOutsideARegionAreRefusedAndTouchNothingEitherWay) {
   const RegionLayout layout = SmallLayout();
   auto p = NewRegion(*p_, layout);
   auto d = NewRegion(*d_, layout);
@@ -314,6 +335,26 @@ TEST_P(TransportTest, SegmentsOutsideARegionAreRefusedAndTouchNothing) {
   ASSERT_TRUE(target->Write(kT1, good).ok());
   const auto want = Expected(p->bytes(), std::vector<uint8_t>(size, 0), good);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
+
+  // The same segments read from P's region into a fresh one of D's: now
+  // dst is local and src remote.
+  auto d2 = NewRegion(*d_, layout);
+  ASSERT_TRUE(d2);
+  p->read_grants().Grant(kT1, Range(0, layout.num_blocks));
+  auto source = OpenSource(*p, *d2);
+  ASSERT_TRUE(source);
+  for (size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_FALSE(source->Read(kT1, bad[i]).ok()) << "read case " << i;
+  }
+  EXPECT_TRUE(AllZero(d2->bytes()));
+  EXPECT_EQ(d_->stats().reads_ok.load(), 0u);
+  EXPECT_EQ(d_->stats().reads_failed.load(), bad.size());
+  if (IsTcp()) {
+    // Src errors are found by P's receiver: refused and counted there.
+    EXPECT_EQ(p_->stats().reads_refused.load(), 2u);
+  }
+  ASSERT_TRUE(source->Read(kT1, good).ok());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d2->bytes().begin()));
 }
 
 TEST_P(TransportTest, MalformedRegistrationsAreRejected) {
@@ -413,6 +454,170 @@ TEST_P(TransportTest, AForkedChildWritesIntoTheParentsRegion) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
 }
 
+// ---------------------------------------------------------------------------
+// Read mode: D reads P's region into its own (P's region is the remote one).
+
+TEST_P(TransportTest, ReadMovesExactlyTheSegments) {
+  const RegionLayout layout = SmallLayout();
+  auto [p, d] = NewRegions(layout, 11);
+  ASSERT_TRUE(p && d);
+  FillPattern(d->bytes(), 12);  // what is not read must stay
+  auto source = OpenSource(*p, *d);
+  ASSERT_TRUE(source);
+  // P's blocks 4,5 → D's 0,1 whole; a piece of P's block 1 → the middle
+  // of D's block 6; the last 3 bytes of the region; an empty segment.
+  std::vector<Segment> segs = BlockSegments(layout, 4, 0, 2);
+  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
+    segs.push_back(Segment{(plane * 8 + 1) * 256 + 17, (plane * 8 + 6) * 256 + 100, 99});
+  }
+  segs.push_back(Segment{layout.bytes() - 3, 5, 3});
+  segs.push_back(Segment{0, 0, 0});
+  p->read_grants().Grant(kT1, std::vector<uint32_t>{1, 4, 5, 7});
+  const std::vector<uint8_t> before(d->bytes().begin(), d->bytes().end());
+  const Status status = source->Read(kT1, segs);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  const auto want = Expected(p->bytes(), before, segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
+
+  uint64_t total = 0;
+  for (const Segment& seg : segs) total += seg.bytes;
+  EXPECT_EQ(d_->stats().reads_ok.load(), 1u);
+  EXPECT_EQ(d_->stats().bytes_read.load(), total);
+  EXPECT_EQ(d_->stats().reads_failed.load(), 0u);
+  EXPECT_EQ(d_->stats().bytes_written.load(), 0u);
+  if (IsTcp()) {
+    EXPECT_EQ(p_->stats().bytes_served.load(), total);
+    EXPECT_EQ(p_->stats().reads_refused.load(), 0u);
+  }
+  // Empty reads succeed and move nothing.
+  EXPECT_TRUE(source->Read(kT1, {}).ok());
+  const std::vector<Segment> empty = {Segment{0, 0, 0}};
+  EXPECT_TRUE(source->Read(kT1, empty).ok());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
+}
+
+TEST_P(TransportTest, ConcurrentReadersAndWritersShareTheRegions) {
+  // Threads 0..3 read P's block ranges into D while threads 4..7 write
+  // P's other blocks into D; all through one Source and one Target.
+  const RegionLayout layout{2, 16, 1024};
+  auto [p, d] = NewRegions(layout, 14);
+  ASSERT_TRUE(p && d);
+  auto source = OpenSource(*p, *d);
+  auto target = OpenTarget(*d, *p);
+  ASSERT_TRUE(source && target);
+  constexpr uint32_t kEach = 2;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (uint32_t i = 0; i < 8; ++i) {
+    const TransferId t{200 + i, 9};
+    const auto segs = BlockSegments(layout, (7 - i) * kEach, i * kEach, kEach);
+    if (i < 4) {
+      p->read_grants().Grant(t, Range((7 - i) * kEach, kEach));
+    } else {
+      d->grants().Grant(t, Range(i * kEach, kEach));
+    }
+    threads.emplace_back([&, i, t, segs] {
+      for (int round = 0; round < 20; ++round) {
+        const Status st = i < 4 ? source->Read(t, segs) : target->Write(t, segs);
+        if (!st.ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::vector<uint8_t> want(layout.bytes(), 0);
+  for (uint32_t i = 0; i < 8; ++i) {
+    want = Expected(p->bytes(), want, BlockSegments(layout, (7 - i) * kEach, i * kEach, kEach));
+  }
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
+  EXPECT_EQ(d_->stats().reads_ok.load(), 80u);
+  EXPECT_EQ(p_->stats().writes_ok.load(), 80u);
+}
+
+TEST_P(TransportTest, AReadAfterTheRemoteSideIsDestroyedFails) {
+  // First P's region goes (its transport lives on), then region and
+  // transport; each time a Source opened before fails, and does not hang.
+  const RegionLayout layout = SmallLayout();
+  for (const bool transport_too : {false, true}) {
+    SCOPED_TRACE(transport_too ? "region and transport destroyed" : "region destroyed");
+    auto [p, d] = NewRegions(layout, 15);
+    ASSERT_TRUE(p && d);
+    p->read_grants().Grant(kT1, Range(0, layout.num_blocks));
+    auto source = OpenSource(*p, *d);
+    ASSERT_TRUE(source);
+    const auto segs = BlockSegments(layout, 0, 0, 2);
+    ASSERT_TRUE(source->Read(kT1, segs).ok());
+    const std::vector<uint8_t> registration = p->registration();
+    const uint64_t failed_before = d_->stats().reads_failed.load();
+    p.reset();
+    if (transport_too) p_.reset();
+    const auto start = std::chrono::steady_clock::now();
+    const Status status = source->Read(kT1, segs);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << status.ToString();
+    EXPECT_FALSE(status.ok());
+    EXPECT_EQ(d_->stats().reads_failed.load(), failed_before + 1);
+    if (transport_too) continue;
+    EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+    // Opening it anew fails at once (shm, ucx) or on the first Read (tcp:
+    // OpenSource connects lazily).
+    auto again = d_->OpenSource(registration, d.get());
+    if (again.ok()) {
+      EXPECT_EQ(again.value()->Read(kT1, segs).code(), StatusCode::kUnavailable);
+    } else {
+      EXPECT_EQ(again.status().code(), StatusCode::kUnavailable) << again.status().ToString();
+    }
+  }
+}
+
+TEST_P(TransportTest, BigReadAndWriteOf64MiBIn2MiBSegments) {
+  // 2 planes × 32 blocks × 1 MiB: every 2-block run, read into the
+  // mirrored position on D (so no segment lands where it came from).
+  const RegionLayout layout{2, 32, 1 << 20};
+  auto [p, d] = NewRegions(layout, 16);
+  ASSERT_TRUE(p && d);
+  std::vector<Segment> segs;
+  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
+    for (uint32_t b = 0; b < layout.num_blocks; b += 2) {
+      segs.push_back(BlockSegments(layout, b, layout.num_blocks - 2 - b, 2)[plane]);
+    }
+  }
+  ASSERT_EQ(segs.size(), 32u);
+  p->read_grants().Grant(kT1, Range(0, layout.num_blocks));
+  d->grants().Grant(kT1, Range(0, layout.num_blocks));
+  auto source = OpenSource(*p, *d);
+  auto target = OpenTarget(*d, *p);
+  ASSERT_TRUE(source && target);
+  using Clock = std::chrono::steady_clock;
+  auto mib_per_s = [&](Clock::duration took) {
+    return 64.0 / std::chrono::duration<double>(took).count();
+  };
+  // One warm-up of each (first touch of D's pages, connections), then the
+  // best of three.
+  double read_best = 0, write_best = 0;
+  for (int round = 0; round < 4; ++round) {
+    auto start = Clock::now();
+    const Status r = source->Read(kT1, segs);
+    const double read = mib_per_s(Clock::now() - start);
+    ASSERT_TRUE(r.ok()) << r.ToString();
+    start = Clock::now();
+    const Status w = target->Write(kT1, segs);
+    const double write = mib_per_s(Clock::now() - start);
+    ASSERT_TRUE(w.ok()) << w.ToString();
+    if (round > 0) {
+      read_best = std::max(read_best, read);
+      write_best = std::max(write_best, write);
+    }
+  }
+  std::cout << TransportName(GetParam()) << ": 64 MiB in 2 MiB segments, best of 3: read "
+            << static_cast<int>(read_best) << " MiB/s, write " << static_cast<int>(write_best)
+            << " MiB/s\n";
+  // Both moved P's bytes into the mirrored places on D.
+  const auto want =
+      Expected(p->bytes(), std::vector<uint8_t>(layout.bytes(), 0), segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
+  EXPECT_EQ(d_->stats().bytes_read.load(), 4 * layout.bytes());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKinds, TransportTest,
                          testing::Values(TransportKind::kShm, TransportKind::kTcp,
                                          TransportKind::kUcx),
@@ -444,10 +649,10 @@ class TcpTest : public testing::Test {
     target_ = std::move(t).value();
   }
 
-  // A raw client connection to the D region's receiver (registration:
-  // magic4 version2 host_len2 host port2 ...).
-  int RawConnect() {
-    const auto& reg = d_region_->registration();
+  // A raw client connection to a region's receiver, D's unless said
+  // (registration: magic4 version2 host_len2 host port2 ...).
+  int RawConnect(Region* region = nullptr) {
+    const auto& reg = (region != nullptr ? region : d_region_.get())->registration();
     const size_t host_len = reg[6] | (reg[7] << 8);
     const std::string host(reinterpret_cast<const char*>(reg.data()) + 8, host_len);
     const uint16_t port = static_cast<uint16_t>(reg[8 + host_len] | (reg[9 + host_len] << 8));
@@ -643,6 +848,227 @@ TEST_F(TcpTest, DestroyingTheRegionStopsReceiversMidFrame) {
   // The target's pooled stream is dead now: a write fails, not hangs.
   EXPECT_EQ(target_->Write(kT1, BlockSegments(layout_, 0, 0, 1)).code(),
             StatusCode::kUnavailable);
+}
+
+// Read mode on tcp: D reads P's region, P's receiver checks read grants.
+
+TEST_F(TcpTest, UngrantedReadIsRefusedCountedAndTheSourceStillWorks) {
+  auto source = d_->OpenSource(p_region_->registration(), d_region_.get());
+  ASSERT_TRUE(source.ok());
+  const auto segs = BlockSegments(layout_, 2, 0, 2);
+  EXPECT_EQ(source.value()->Read(kT1, segs).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p_->stats().reads_refused.load(), 1u);
+  // Write grants do not grant reads.
+  p_region_->grants().Grant(kT1, std::vector<uint32_t>{2, 3});
+  EXPECT_EQ(source.value()->Read(kT1, segs).code(), StatusCode::kFailedPrecondition);
+  // Granted for read to another transfer, or only partly: refused.
+  p_region_->read_grants().Grant(kT2, std::vector<uint32_t>{2, 3});
+  EXPECT_EQ(source.value()->Read(kT1, segs).code(), StatusCode::kFailedPrecondition);
+  p_region_->read_grants().Grant(kT1, std::vector<uint32_t>{2});
+  EXPECT_EQ(source.value()->Read(kT1, segs).code(), StatusCode::kFailedPrecondition);
+  // The zero transfer is never granted.
+  EXPECT_EQ(source.value()->Read(TransferId{}, segs).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(DUntouched());
+  EXPECT_EQ(p_->stats().reads_refused.load(), 5u);
+  EXPECT_EQ(p_->stats().bytes_served.load(), 0u);
+  // Granted: the same Source (and pooled stream) works, and kT2 may read
+  // the same blocks at the same time (shared prefix blocks).
+  p_region_->read_grants().Grant(kT1, std::vector<uint32_t>{3});
+  ASSERT_TRUE(source.value()->Read(kT1, segs).ok());
+  ASSERT_TRUE(source.value()->Read(kT2, segs).ok());
+  const auto want =
+      Expected(p_region_->bytes(), std::vector<uint8_t>(layout_.bytes(), 0), segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d_region_->bytes().begin()));
+  EXPECT_EQ(d_->stats().reads_ok.load(), 2u);
+  EXPECT_EQ(d_->stats().reads_failed.load(), 5u);
+  // Revoked: refused again, D's bytes as they were.
+  p_region_->read_grants().RevokeAll(kT1);
+  FillPattern(p_region_->bytes(), 10);
+  EXPECT_EQ(source.value()->Read(kT1, segs).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d_region_->bytes().begin()));
+  EXPECT_EQ(p_->stats().reads_refused.load(), 6u);
+}
+
+// A raw reader: sends a read request of `segs` (src offsets in P's region)
+// on `fd`; returns false if the send failed.
+bool SendReadRequest(int fd, TransferId t, const std::vector<Segment>& segs, uint64_t total) {
+  std::vector<uint8_t> table;
+  return tcp::SendFrameHead(fd, tcp::kReadMagic, t, segs, total, table);
+}
+
+// Receives n bytes (bounded wait); false on EOF or timeout.
+bool RecvN(int fd, uint8_t* out, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10'000) != 1) return false;
+    const ssize_t r = recv(fd, out + got, n - got, 0);
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+TEST_F(TcpTest, AReadGrantRevokedWhileTheBytesGoOutIsRefusedInTheTrailer) {
+  // A region bigger than the socket buffers: P's receiver blocks sending
+  // until this reader drains, so the revoke lands mid-payload.
+  const RegionLayout big{1, 8, 4 << 20};
+  auto p = p_->CreateRegion("big", big);
+  ASSERT_TRUE(p.ok());
+  FillPattern(p.value()->bytes(), 17);
+  p.value()->read_grants().Grant(kT1, Range(0, 8));
+  const int c = RawConnect(p.value().get());
+  ASSERT_GE(c, 0);
+  const std::vector<Segment> all = {Segment{0, 0, big.bytes()}};
+  ASSERT_TRUE(SendReadRequest(c, kT1, all, big.bytes()));
+  uint8_t head[8];
+  ASSERT_TRUE(RecvN(c, head, sizeof head));
+  EXPECT_EQ(GetLe(head, 4), tcp::kReadHeadMagic);
+  EXPECT_EQ(GetLe(head + 4, 4), uint64_t{tcp::kReplyOk});  // granted when it started
+  p.value()->read_grants().Revoke(kT1, std::vector<uint32_t>{5});
+  std::vector<uint8_t> payload(big.bytes());
+  ASSERT_TRUE(RecvN(c, payload.data(), payload.size()));
+  EXPECT_TRUE(std::equal(payload.begin(), payload.end(), p.value()->bytes().begin()));
+  uint8_t trailer[8];
+  ASSERT_TRUE(RecvN(c, trailer, sizeof trailer));
+  EXPECT_EQ(GetLe(trailer, 4), tcp::kReplyMagic);
+  EXPECT_EQ(GetLe(trailer + 4, 4), uint64_t{tcp::kReplyRefused});
+  EXPECT_EQ(p_->stats().reads_refused.load(), 1u);
+  // A read request whose table does not add up: malformed head, nothing
+  // else, and the stream stays in step for an empty request after it.
+  const std::vector<Segment> one = {Segment{0, 0, 8}};
+  ASSERT_TRUE(SendReadRequest(c, kT1, one, 9));
+  ASSERT_TRUE(SendReadRequest(c, kT1, {}, 0));
+  uint8_t replies[24];
+  ASSERT_TRUE(RecvN(c, replies, sizeof replies));
+  EXPECT_EQ(GetLe(replies + 4, 4), uint64_t{tcp::kReplyMalformed});
+  EXPECT_EQ(GetLe(replies + 8, 4), tcp::kReadHeadMagic);
+  EXPECT_EQ(GetLe(replies + 12, 4), uint64_t{tcp::kReplyOk});
+  EXPECT_EQ(GetLe(replies + 16, 4), tcp::kReplyMagic);  // the empty payload's trailer
+  EXPECT_EQ(GetLe(replies + 20, 4), uint64_t{tcp::kReplyOk});
+  EXPECT_EQ(p_->stats().frames_malformed.load(), 1u);
+
+  // A reader that stops reading mid-payload does not hold up the region's
+  // destruction.
+  p.value()->read_grants().Grant(kT1, Range(0, 8));
+  ASSERT_TRUE(SendReadRequest(c, kT1, all, big.bytes()));
+  ASSERT_TRUE(RecvN(c, head, sizeof head));
+  const auto start = std::chrono::steady_clock::now();
+  p.value().reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_TRUE(ClosedByPeer(c));
+  close(c);
+}
+
+TEST_F(TcpTest, AReadFailsCleanlyWhenThePeerDisconnectsMidPayload) {
+  // A fake P: accepts, answers "ok" and half the payload, then closes.
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::vector<uint8_t> reg = tcp::EncodeRegistration(
+      {"127.0.0.1", ntohs(addr.sin_port), layout_.bytes(), layout_});
+  std::thread fake([&] {
+    const int c = accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    std::vector<uint8_t> request(36 + 16);
+    if (RecvN(c, request.data(), request.size())) {
+      std::vector<uint8_t> answer(8 + 512, 0x5A);
+      PutLe(answer.data(), tcp::kReadHeadMagic, 4);
+      PutLe(answer.data() + 4, tcp::kReplyOk, 4);
+      (void)!send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+    }
+    close(c);
+  });
+  auto source = d_->OpenSource(reg, d_region_.get());
+  ASSERT_TRUE(source.ok());
+  const auto start = std::chrono::steady_clock::now();
+  const Status status = source.value()->Read(kT1, std::vector<Segment>{{0, 0, 1024}});
+  fake.join();
+  close(listener);
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(d_->stats().reads_failed.load(), 1u);
+  // Nobody listens there now: the next Read fails too, at once.
+  EXPECT_EQ(source.value()->Read(kT1, std::vector<Segment>{{0, 0, 1024}}).code(),
+            StatusCode::kUnavailable);
+}
+
+// shm read mode: a reader learns the owner died from the owner's liveness
+// lock (the kernel drops it), even though the segment stays linked.
+TEST(ShmReadTest, AReadFromARegionWhoseProcessDiedFails) {
+  int up[2], down[2];
+  ASSERT_EQ(pipe(up), 0);
+  ASSERT_EQ(pipe(down), 0);
+  const RegionLayout layout = SmallLayout();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The owner: a region filled with FillPattern(18), its registration
+    // up the pipe, then death without any destructor at the parent's word.
+    auto t = MakeShmTransport({});
+    if (!t.ok()) _exit(1);
+    auto r = t.value()->CreateRegion(UniqueName("crash"), layout);
+    if (!r.ok()) _exit(2);
+    FillPattern(r.value()->bytes(), 18);
+    const auto& reg = r.value()->registration();
+    const uint32_t len = static_cast<uint32_t>(reg.size());
+    if (write(up[1], &len, 4) != 4 || write(up[1], reg.data(), len) != len) _exit(3);
+    pollfd pfd{down[0], POLLIN, 0};
+    poll(&pfd, 1, 30'000);
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  uint32_t len = 0;
+  std::vector<uint8_t> reg;
+  pollfd pfd{up[0], POLLIN, 0};
+  if (poll(&pfd, 1, 30'000) == 1 && read(up[0], &len, 4) == 4 && len < 4096) {
+    reg.resize(len);
+    size_t got = 0;
+    while (got < len) {
+      const ssize_t r = read(up[0], reg.data() + got, len - got);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    if (got < len) reg.clear();
+  }
+  auto t = MakeShmTransport({});
+  ASSERT_TRUE(t.ok());
+  auto d = t.value()->CreateRegion(UniqueName("reader"), layout);
+  ASSERT_TRUE(d.ok());
+  std::unique_ptr<Source> source;
+  if (!reg.empty()) {
+    auto opened = t.value()->OpenSource(reg, d.value().get());
+    EXPECT_TRUE(opened.ok()) << opened.status().ToString();
+    if (opened.ok()) source = std::move(opened).value();
+  }
+  const auto segs = BlockSegments(layout, 3, 1, 2);
+  const Status before = source ? source->Read(kT1, segs) : InternalError("no source");
+  (void)!write(down[1], "x", 1);  // the owner may die now
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  close(up[0]);
+  close(down[1]);
+  ASSERT_FALSE(reg.empty()) << "no registration from the owner";
+  // The owner did not unlink its segment: this test does (name at byte 8).
+  const size_t name_len = reg[6] | (reg[7] << 8);
+  const std::string name(reinterpret_cast<const char*>(reg.data()) + 8, name_len);
+  ASSERT_TRUE(source != nullptr);
+  EXPECT_TRUE(before.ok()) << before.ToString();
+  std::vector<uint8_t> owner(layout.bytes());
+  FillPattern(owner, 18);
+  const auto want = Expected(owner, std::vector<uint8_t>(layout.bytes(), 0), segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d.value()->bytes().begin()));
+  EXPECT_EQ(source->Read(kT1, segs).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(t.value()->OpenSource(reg, d.value().get()).status().code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(shm_unlink(name.c_str()), 0) << name;
 }
 
 TEST(TransportNamesTest, ParseAndNameRoundTrip) {

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -34,8 +35,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a Write waits for its flush before giving up.
-constexpr auto kWriteTimeout = std::chrono::seconds(30);
+// How long a Write or a Read waits for its puts/gets and flush before
+// giving up.
+constexpr auto kCopyTimeout = std::chrono::seconds(30);
 // How long closing an endpoint may take before we let UCX finish it alone.
 constexpr auto kEpCloseTimeout = std::chrono::seconds(5);
 // The progress thread's poll() bound: the efd wakes it; this only covers
@@ -292,10 +294,16 @@ void UcxCore::RetireRange(void* addr, size_t bytes) {
 // ---------------------------------------------------------------------------
 // Mapping: one mmap'd, ucp_mem_map'ed range. Shared by its UcxRegion and
 // the Targets writing from it; the registration is released with the last.
+// The range holds the region's bytes, then (at LivenessOffset(bytes)) the
+// region's liveness word: a random non-zero nonce while the UcxRegion
+// lives, 0 from its destruction on (and 0 once retired: the pages read as
+// zeros). A reader gets it after its data to learn the region was alive
+// throughout.
 struct Mapping {
   std::shared_ptr<UcxCore> core;
   uint8_t* base = nullptr;
-  size_t bytes = 0;
+  size_t bytes = 0;         // the region's bytes
+  size_t mapped_bytes = 0;  // bytes + the liveness word's line
   ucp_mem_h memh = nullptr;
 
   ~Mapping() {
@@ -303,9 +311,20 @@ struct Mapping {
       std::lock_guard<std::mutex> lock(core->mu);
       ucp_mem_unmap(core->context, memh);
     }
-    if (base != nullptr) core->RetireRange(base, bytes);
+    if (base != nullptr) core->RetireRange(base, mapped_bytes);
   }
 };
+
+// Where a region of `bytes` keeps its liveness word (its own cache line,
+// after the bytes), and how much is mapped and registered for it.
+constexpr uint64_t kLivenessLine = 64;
+constexpr uint64_t LivenessOffset(uint64_t bytes) {
+  return (bytes + kLivenessLine - 1) / kLivenessLine * kLivenessLine;
+}
+
+std::atomic_ref<uint64_t> LivenessWord(Mapping& m) {
+  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(m.base + LivenessOffset(m.bytes)));
+}
 
 // ---------------------------------------------------------------------------
 // Registration codec.
@@ -478,12 +497,24 @@ class UcxRegion final : public Region {
       : mapping_(std::move(mapping)),
         layout_(layout),
         registration_(std::move(registration)),
-        grants_(layout.num_blocks) {}
+        grants_(layout.num_blocks),
+        read_grants_(layout.num_blocks) {
+    std::random_device random;
+    uint64_t nonce = 0;
+    while (nonce == 0) nonce = (uint64_t{random()} << 32) ^ random();
+    LivenessWord(*mapping_).store(nonce, std::memory_order_release);
+  }
+  // Readers' Reads fail from now on, even while local Targets keep the
+  // mapping (and so the bytes) alive.
+  ~UcxRegion() override { LivenessWord(*mapping_).store(0, std::memory_order_release); }
+  UcxRegion(const UcxRegion&) = delete;
+  UcxRegion& operator=(const UcxRegion&) = delete;
 
   std::span<uint8_t> bytes() override { return {mapping_->base, mapping_->bytes}; }
   const RegionLayout& layout() const override { return layout_; }
   const std::vector<uint8_t>& registration() const override { return registration_; }
   GrantTable& grants() override { return grants_; }
+  ReadGrantTable& read_grants() override { return read_grants_; }
 
   const std::shared_ptr<Mapping>& mapping() const { return mapping_; }
 
@@ -492,13 +523,14 @@ class UcxRegion final : public Region {
   RegionLayout layout_;
   std::vector<uint8_t> registration_;
   GrantTable grants_;
+  ReadGrantTable read_grants_;
 };
 
 // ---------------------------------------------------------------------------
 // UcxEndpoint: an endpoint to a remote region's worker plus its rkey, and
-// the one-sided copies over it (UcxTarget puts). Thread-safe: Copy may be
-// called from several threads at once (UCX calls under core->mu; each call
-// waits for its own requests).
+// the one-sided copies over it (UcxTarget puts, UcxSource gets).
+// Thread-safe: Copy and ReadLiveness may be called from several threads at
+// once (UCX calls under core->mu; each call waits for its own requests).
 class UcxEndpoint {
  public:
   UcxEndpoint(std::shared_ptr<UcxCore> core, std::shared_ptr<Mapping> local,
@@ -518,7 +550,8 @@ class UcxEndpoint {
   UcxEndpoint(const UcxEndpoint&) = delete;
   UcxEndpoint& operator=(const UcxEndpoint&) = delete;
 
-  // Creates the endpoint and unpacks the rkey. Called once, by Open.
+  // Creates the endpoint and unpacks the rkey. Called once, by Open or
+  // OpenSource.
   Status Connect(const Registration& reg) {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -557,21 +590,27 @@ class UcxEndpoint {
   }
 
  protected:
-  // Copies every segment from the local region to the remote one (put,
-  // then flush) and waits; sets *total to the bytes. `what` names the
-  // operation in messages.
-  Status Copy(std::span<const Segment> segments, const char* what, uint64_t* total) {
-    const uint64_t local_bytes = local_->bytes;
+  enum class Dir { kPut, kGet };
+
+  // kPut copies every segment from the local region (src) to the remote
+  // one (dst); kGet from the remote region (src) to the local one (dst).
+  // Issues one put/get per segment and a flush, and waits for them all
+  // (kCopyTimeout); sets *total to the bytes. `what` names the operation
+  // in messages.
+  Status Copy(Dir dir, std::span<const Segment> segments, const char* what, uint64_t* total) {
+    const bool put = dir == Dir::kPut;
+    const uint64_t src_limit = put ? local_->bytes : remote_bytes_;
+    const uint64_t dst_limit = put ? remote_bytes_ : local_->bytes;
     for (const Segment& seg : segments) {
-      if (seg.src_offset > local_bytes || seg.bytes > local_bytes - seg.src_offset ||
-          seg.dst_offset > remote_bytes_ || seg.bytes > remote_bytes_ - seg.dst_offset) {
+      if (seg.src_offset > src_limit || seg.bytes > src_limit - seg.src_offset ||
+          seg.dst_offset > dst_limit || seg.bytes > dst_limit - seg.dst_offset) {
         return Status(StatusCode::kOutOfRange,
                       std::string("ucx ") + what + ": segment src " +
                           std::to_string(seg.src_offset) + " dst " +
                           std::to_string(seg.dst_offset) + " bytes " +
-                          std::to_string(seg.bytes) + " outside local " +
-                          std::to_string(local_bytes) + " / remote " +
-                          std::to_string(remote_bytes_) + " bytes");
+                          std::to_string(seg.bytes) + " outside src " +
+                          std::to_string(src_limit) + " / dst " + std::to_string(dst_limit) +
+                          " bytes");
       }
       *total += seg.bytes;
     }
@@ -586,13 +625,16 @@ class UcxEndpoint {
     ucs_status_t issue_error = UCS_OK;
     {
       std::lock_guard<std::mutex> lock(core_->mu);
-      ucp_request_param_t put{};
-      put.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-      put.memh = local_->memh;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = local_->memh;
       for (const Segment& seg : segments) {
         if (seg.bytes == 0) continue;
-        ucs_status_ptr_t r = ucp_put_nbx(ep_, local_->base + seg.src_offset, seg.bytes,
-                                         remote_address_ + seg.dst_offset, rkey_, &put);
+        ucs_status_ptr_t r =
+            put ? ucp_put_nbx(ep_, local_->base + seg.src_offset, seg.bytes,
+                              remote_address_ + seg.dst_offset, rkey_, &param)
+                : ucp_get_nbx(ep_, local_->base + seg.dst_offset, seg.bytes,
+                              remote_address_ + seg.src_offset, rkey_, &param);
         if (UCS_PTR_IS_ERR(r)) {
           issue_error = UCS_PTR_STATUS(r);
           break;
@@ -610,23 +652,70 @@ class UcxEndpoint {
       }
     }
     if (issue_error != UCS_OK) {
-      // The puts issued so far finish (or fail) on their own; their source
-      // memory stays registered while this endpoint holds local_.
+      // The operations issued so far finish (or fail) on their own; the
+      // local memory stays registered while this endpoint holds local_.
       core_->FreeRequests(requests);
-      return UcsToStatus(std::string("ucx ") + what + ": put/flush", issue_error);
+      return UcsToStatus(std::string("ucx ") + what + (put ? ": put/flush" : ": get/flush"),
+                         issue_error);
     }
     ucs_status_t st = UCS_OK;
-    bool done = core_->WaitRequests(requests, Clock::now() + kWriteTimeout, &st);
+    bool done = core_->WaitRequests(requests, Clock::now() + kCopyTimeout, &st);
     core_->FreeRequests(requests);
     if (!done) {
-      return DeadlineExceededError(std::string("ucx ") + what + ": flush not complete after " +
-                                   std::to_string(kWriteTimeout.count()) + " s");
+      return DeadlineExceededError(std::string("ucx ") + what + ": not complete after " +
+                                   std::to_string(kCopyTimeout.count()) + " s");
     }
     if (st != UCS_OK) return UcsToStatus(std::string("ucx ") + what, st);
     return Status::Ok();
   }
 
+  // Gets the remote region's liveness word into *word. Call it after the
+  // data's gets completed: it is then read after them.
+  Status ReadLiveness(uint64_t* word) {
+    if (ucs_status_t e = ep_state_->error.load(std::memory_order_acquire); e != UCS_OK) {
+      return UcsToStatus("ucx read: endpoint failed earlier", e);
+    }
+    // On the heap: if the get does not complete in time it may still land
+    // later, so the buffer is then left to it (8 bytes, on a failure path).
+    auto buffer = std::make_unique<uint64_t>(0);
+    ucs_status_ptr_t r;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      ucp_request_param_t param{};
+      r = ucp_get_nbx(ep_, buffer.get(), sizeof(uint64_t),
+                      remote_address_ + LivenessOffset(remote_bytes_), rkey_, &param);
+    }
+    if (UCS_PTR_IS_ERR(r)) return UcsToStatus("ucx read: liveness get", UCS_PTR_STATUS(r));
+    if (r != nullptr) {
+      const std::vector<void*> requests{r};
+      ucs_status_t st = UCS_OK;
+      const bool done = core_->WaitRequests(requests, Clock::now() + kCopyTimeout, &st);
+      core_->FreeRequests(requests);
+      if (!done) {
+        (void)buffer.release();
+        return DeadlineExceededError("ucx read: liveness get not complete after " +
+                                     std::to_string(kCopyTimeout.count()) + " s");
+      }
+      if (st != UCS_OK) return UcsToStatus("ucx read: liveness get", st);
+    }
+    *word = *buffer;
+    return Status::Ok();
+  }
+
   TransportStats& stats() { return core_->stats; }
+
+  // Counts an operation's outcome in `ok` or `failed` and, if it
+  // succeeded, its `total` bytes in `bytes`; returns `s`.
+  static Status Counted(Status s, uint64_t total, std::atomic<uint64_t>& ok,
+                        std::atomic<uint64_t>& failed, std::atomic<uint64_t>& bytes) {
+    if (s.ok()) {
+      ok.fetch_add(1, std::memory_order_relaxed);
+      bytes.fetch_add(total, std::memory_order_relaxed);
+    } else {
+      failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    return s;
+  }
 
  private:
   static void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
@@ -650,15 +739,43 @@ class UcxTarget final : public Target, public UcxEndpoint {
 
   Status Write(TransferId /*transfer*/, std::span<const Segment> segments) override {
     uint64_t total = 0;
-    Status s = Copy(segments, "write", &total);
-    if (s.ok()) {
-      stats().writes_ok.fetch_add(1, std::memory_order_relaxed);
-      stats().bytes_written.fetch_add(total, std::memory_order_relaxed);
-    } else {
-      stats().writes_failed.fetch_add(1, std::memory_order_relaxed);
-    }
-    return s;
+    Status s = Copy(Dir::kPut, segments, "write", &total);
+    return Counted(std::move(s), total, stats().writes_ok, stats().writes_failed,
+                   stats().bytes_written);
   }
+};
+
+// UcxSource: Read = gets + flush, then the remote region's liveness word,
+// which must still be the nonce OpenSource saw (the region was alive until
+// after the data was read).
+class UcxSource final : public Source, public UcxEndpoint {
+ public:
+  using UcxEndpoint::UcxEndpoint;
+
+  // Learns the remote region's nonce. Called once, by OpenSource, after
+  // Connect.
+  Status Attach() {
+    if (Status s = ReadLiveness(&nonce_); !s.ok()) return s;
+    if (nonce_ == 0) return UnavailableError("ucx: the remote region is gone");
+    return Status::Ok();
+  }
+
+  Status Read(TransferId /*transfer*/, std::span<const Segment> segments) override {
+    uint64_t total = 0;
+    Status s = Copy(Dir::kGet, segments, "read", &total);
+    if (s.ok() && total > 0) {
+      uint64_t word = 0;
+      s = ReadLiveness(&word);
+      if (s.ok() && word != nonce_) {
+        s = UnavailableError("ucx read: the remote region is gone");
+      }
+    }
+    return Counted(std::move(s), total, stats().reads_ok, stats().reads_failed,
+                   stats().bytes_read);
+  }
+
+ private:
+  uint64_t nonce_ = 0;  // set once by Attach
 };
 
 // ---------------------------------------------------------------------------
@@ -679,7 +796,8 @@ class UcxTransport final : public Transport {
                                   std::to_string(layout.num_blocks) + " blocks x " +
                                   std::to_string(layout.block_stride_bytes) + " bytes)");
     }
-    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const uint64_t mapped = LivenessOffset(bytes) + kLivenessLine;
+    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
       return ResourceExhaustedError("ucx region " + name + ": mmap of " + std::to_string(bytes) +
                                     " bytes: " + std::strerror(errno));
@@ -688,6 +806,7 @@ class UcxTransport final : public Transport {
     mapping->core = core_;
     mapping->base = static_cast<uint8_t*>(base);
     mapping->bytes = bytes;
+    mapping->mapped_bytes = mapped;
 
     std::vector<uint8_t> rkey;
     std::string failed;  // which UCX call failed, if one did
@@ -695,9 +814,13 @@ class UcxTransport final : public Transport {
     {
       std::lock_guard<std::mutex> lock(core_->mu);
       ucp_mem_map_params_t mp{};
-      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_PROT;
       mp.address = base;
-      mp.length = bytes;
+      mp.length = mapped;  // the liveness word too: readers get it
+      // Peers put (push mode) and get (read mode); UCX's default, said.
+      mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+                UCP_MEM_MAP_PROT_REMOTE_READ | UCP_MEM_MAP_PROT_REMOTE_WRITE;
       st = ucp_mem_map(core_->context, &mp, &mapping->memh);
       if (st != UCS_OK) {
         mapping->memh = nullptr;
@@ -733,6 +856,25 @@ class UcxTransport final : public Transport {
 
   Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
                                        Region* local) override {
+    Result<std::unique_ptr<UcxTarget>> target = Connected<UcxTarget>(registration, local);
+    if (!target.ok()) return target.status();
+    return std::unique_ptr<Target>(std::move(target).value());
+  }
+
+  Result<std::unique_ptr<Source>> OpenSource(std::span<const uint8_t> registration,
+                                             Region* local) override {
+    Result<std::unique_ptr<UcxSource>> source = Connected<UcxSource>(registration, local);
+    if (!source.ok()) return source.status();
+    if (Status s = source.value()->Attach(); !s.ok()) return s;
+    return std::unique_ptr<Source>(std::move(source).value());
+  }
+
+ private:
+  // A UcxTarget or UcxSource from `local` (a region of this transport) to
+  // the registered remote region, its endpoint connected.
+  template <typename Endpoint>
+  Result<std::unique_ptr<Endpoint>> Connected(std::span<const uint8_t> registration,
+                                              Region* local) {
     auto* region = dynamic_cast<UcxRegion*>(local);
     if (region == nullptr) return InvalidArgumentError("ucx open: local region is not a UCX region");
     if (region->mapping()->core != core_) {
@@ -740,12 +882,11 @@ class UcxTransport final : public Transport {
     }
     Registration reg;
     if (Status s = DecodeRegistration(registration, &reg); !s.ok()) return s;
-    auto target = std::make_unique<UcxTarget>(core_, region->mapping(), reg);
-    if (Status s = target->Connect(reg); !s.ok()) return s;
-    return std::unique_ptr<Target>(std::move(target));
+    auto endpoint = std::make_unique<Endpoint>(core_, region->mapping(), reg);
+    if (Status s = endpoint->Connect(reg); !s.ok()) return s;
+    return endpoint;
   }
 
- private:
   std::shared_ptr<UcxCore> core_;
 };
 

@@ -4,28 +4,41 @@
 //
 // What it is: one ucp_context (UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP) and one
 // ucp_worker per Transport. A Region is anonymous mmap'd memory registered
-// with ucp_mem_map; its registration carries the worker address and the
-// packed rkey. A Target is one ucp_ep to the region's worker plus the
-// unpacked rkey; Write = ucp_put_nbx per segment, then ucp_ep_flush_nbx,
-// waited for (OK only when the flush completed: the bytes are there).
+// with ucp_mem_map for remote read and write; its registration carries the
+// worker address and the packed rkey. A Target is one ucp_ep to the
+// region's worker plus the unpacked rkey; Write = ucp_put_nbx per segment,
+// then ucp_ep_flush_nbx, waited for (OK only when the flush completed: the
+// bytes are there).
+//
+// Read mode: a Source is the same endpoint and rkey; Read = ucp_get_nbx
+// per segment (remote → local) and a flush, waited for, then one more get
+// of the region's liveness word. The word sits in its own 64-byte line
+// right after the region's bytes (LivenessOffset(total bytes); registered
+// with them, never reachable by a segment): a random non-zero nonce while
+// the Region lives, 0 once it is destroyed. OpenSource reads the nonce; a
+// Read returns OK only if the word, read after the data, still holds it, so
+// a region destroyed (or retired, or its range reused) before the data was
+// read fails the Read (kUnavailable) instead of handing back zeros. A
+// process that died fails the gets themselves (the endpoint's error).
 //
 // Threading: the worker is created UCS_THREAD_MODE_SERIALIZED and every
 // UCX call on it (progress, put, flush, ep create/close, mem map/unmap,
 // request checks) is made under one per-transport mutex, so any number of
-// threads may call Write/Open/CreateRegion at once. A per-transport
+// threads may call Write/Read/Open/OpenSource/CreateRegion at once. A per-transport
 // progress thread drives the worker (poll() on ucp_worker_get_efd, armed
 // with ucp_worker_arm) so that this process's regions receive data from
 // transports where the target side must progress (tcp). Writers progress
 // the worker themselves while they wait for their flush.
 //
-// Ownership: Transport, Region and Target share the UCX state (context,
-// worker, progress thread), which is torn down when the last of them is
-// destroyed, so they may be destroyed in any order. A Target keeps its
-// local region's registration alive. A destroyed Region's registration is
-// released at once and its physical pages are returned (MADV_DONTNEED), but
-// its address range stays reserved until the UCX state is torn down, so a
-// late one-sided write from a peer lands in dead zero pages, never in memory
-// reused for something else.
+// Ownership: Transport, Region, Target and Source share the UCX state
+// (context, worker, progress thread), which is torn down when the last of
+// them is destroyed, so they may be destroyed in any order. A Target or
+// Source keeps its local region's registration alive. A destroyed Region's
+// registration is released at once and its physical pages are returned
+// (MADV_DONTNEED), but its address range stays reserved until the UCX state
+// is torn down, so a late one-sided write from a peer lands in dead zero
+// pages, never in memory reused for something else (and a late read finds
+// the liveness word 0 and fails).
 //
 // Environment: UCX reads UCX_* variables (UCX_TLS, UCX_NET_DEVICES,
 // UCX_LOG_LEVEL, ...) at MakeUcxTransport; TransportOptions::ucx_tls

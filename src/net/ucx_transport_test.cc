@@ -1,6 +1,8 @@
 // ucx_transport_test.cc — MakeUcxTransport: bytes land, concurrent writers,
 // bounds, malformed registrations, a second process (fork + exec of this
-// binary), the tcp-only path, teardown in any order.
+// binary), the tcp-only path, teardown in any order; read mode (gets): the
+// liveness word, a second process read and then gone. The read tests every
+// transport shares are in transport_test.cc.
 
 #include "net/ucx_transport.h"
 
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -455,6 +458,33 @@ TEST(UcxTransport, AnyDestructionOrder) {
   x.target.reset();
 }
 
+// Read mode: D gets from P's region. P's region destroyed while a Target
+// writing from it keeps its memory mapped (the bytes still there): the
+// liveness word, not the bytes, makes the Read fail.
+TEST(UcxTransport, ReadFailsOnceTheRemoteRegionIsDestroyedEvenIfItsMemoryLives) {
+  Pair x = MakePair({});
+  ASSERT_NE(x.p, nullptr);
+  Fill(*x.p_region, 25);
+  auto source = x.d->OpenSource(x.p_region->registration(), x.d_region.get());
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  const std::vector<Segment> segs = {
+      {.src_offset = 4096 * 2, .dst_offset = 0, .bytes = 4096 * 3},
+      {.src_offset = 13, .dst_offset = 4096 * 30 + 5, .bytes = 777},  // unaligned
+  };
+  Status s = source.value()->Read(Tid(12), segs);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (const Segment& seg : segs) EXPECT_TRUE(Landed(*x.d_region, seg, 25));
+  EXPECT_EQ(x.d->stats().reads_ok.load(), 1u);
+  EXPECT_EQ(x.d->stats().bytes_read.load(), 4096u * 3 + 777);
+
+  x.p_region.reset();  // x.target still holds its mapping
+  s = source.value()->Read(Tid(12), segs);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_EQ(x.d->stats().reads_failed.load(), 1u);
+  Segment seg{.src_offset = 0, .dst_offset = 0, .bytes = 4096};
+  EXPECT_TRUE(x.target->Write(Tid(12), {&seg, 1}).ok());  // writes from it still work
+}
+
 TEST(UcxTransport, TcpOnly) {
   TransportOptions options;
   options.ucx_tls = "tcp";
@@ -736,47 +766,109 @@ TEST_P(UcxTransportFork, ChildWritesIntoParentRegion) {
   for (uint64_t i = 0; i < kChildSegs[0].dst_offset; ++i) ASSERT_EQ(b[i], 0) << i;
 }
 
+// This process's transport and region over `tls`, and a child serving its
+// own region ("serve" mode: filled with Pattern(.., 21)) with its
+// registration. `skip` says why UCX is unavailable; any other failure is
+// recorded and leaves `region` empty.
+struct ServingChild {
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Region> region;
+  Child child;
+  std::string registration;
+  std::string skip;
+
+  std::span<const uint8_t> registration_bytes() const {
+    return {reinterpret_cast<const uint8_t*>(registration.data()), registration.size()};
+  }
+};
+
+ServingChild StartServingChild(const std::string& tls) {
+  ServingChild x;
+  TransportOptions options;
+  options.ucx_tls = tls;
+  auto t = MakeUcxTransport(options);
+  if (!t.ok()) {
+    if (t.status().code() == StatusCode::kUnavailable) {
+      x.skip = t.status().ToString();
+    } else {
+      ADD_FAILURE() << t.status().ToString();
+    }
+    return x;
+  }
+  auto region = t.value()->CreateRegion("parent", kLayout);
+  if (!region.ok()) {
+    ADD_FAILURE() << region.status().ToString();
+    return x;
+  }
+  x.child = SpawnChild("serve");
+  if (x.child.pid <= 0) {
+    ADD_FAILURE() << "spawn: " << std::strerror(errno);
+    return x;
+  }
+  if (!SendMsg(x.child.to, tls) ||
+      !RecvMsg(x.child.from, &x.registration, Clock::now() + kChildTimeout)) {
+    x.child.Reap(/*kill_first=*/true);
+    ADD_FAILURE() << "no registration from child";
+    return x;
+  }
+  if (x.registration.starts_with("MAKE ")) {
+    x.child.Reap(/*kill_first=*/true);
+    x.skip = "child: " + x.registration;
+    return x;
+  }
+  x.transport = std::move(t).value();
+  x.region = std::move(region).value();
+  return x;
+}
+
+// Kills the child, then runs `op` (a Write or Read to it), which must fail
+// rather than hang or crash.
+void ExpectFailsOnceTheChildIsGone(Child& child, const char* what,
+                                   const std::function<Status()>& op) {
+  child.Reap(/*kill_first=*/true);
+  const auto start = Clock::now();
+  const Status s = op();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  std::printf("%s vanished peer: %s after %lld ms\n", what, s.ToString().c_str(),
+              static_cast<long long>(took.count()));
+  EXPECT_FALSE(s.ok());
+}
+
 // The parent writes into a child's region; after the child is gone a Write
 // fails (within the write timeout) instead of hanging or crashing.
 TEST_P(UcxTransportFork, WriteToVanishedPeerFails) {
-  TransportOptions options;
-  options.ucx_tls = GetParam();
-  auto t = MakeUcxTransport(options);
-  if (!t.ok() && t.status().code() == StatusCode::kUnavailable) {
-    GTEST_SKIP() << t.status().ToString();
-  }
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  auto region = t.value()->CreateRegion("parent", kLayout);
-  ASSERT_TRUE(region.ok()) << region.status().ToString();
-  Fill(*region.value(), 23);
-
-  Child child = SpawnChild("serve");
-  ASSERT_GT(child.pid, 0) << std::strerror(errno);
-  ASSERT_TRUE(SendMsg(child.to, GetParam()));
-  std::string reg;
-  bool got = RecvMsg(child.from, &reg, Clock::now() + kChildTimeout);
-  if (!got) child.Reap(/*kill_first=*/true);
-  ASSERT_TRUE(got) << "no registration from child";
-  if (reg.starts_with("MAKE ")) {
-    child.Reap(true);
-    GTEST_SKIP() << "child: " << reg;
-  }
-  auto target = t.value()->Open(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(reg.data()), reg.size()),
-      region.value().get());
+  ServingChild x = StartServingChild(GetParam());
+  if (!x.skip.empty()) GTEST_SKIP() << x.skip;
+  ASSERT_NE(x.region, nullptr);
+  Fill(*x.region, 23);
+  auto target = x.transport->Open(x.registration_bytes(), x.region.get());
   ASSERT_TRUE(target.ok()) << target.status().ToString();
   Segment seg{.src_offset = 0, .dst_offset = 0, .bytes = 8192};
   Status s = target.value()->Write(Tid(8), {&seg, 1});
   EXPECT_TRUE(s.ok()) << s.ToString();
-
-  child.Reap(/*kill_first=*/true);
-  auto start = Clock::now();
-  s = target.value()->Write(Tid(8), {&seg, 1});
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  std::printf("write to vanished peer: %s after %lld ms\n", s.ToString().c_str(),
-              static_cast<long long>(took.count()));
-  EXPECT_FALSE(s.ok());
+  ExpectFailsOnceTheChildIsGone(x.child, "write to",
+                                [&] { return target.value()->Write(Tid(8), {&seg, 1}); });
   target.value().reset();  // closing an endpoint to a dead peer is bounded too
+}
+
+// The parent reads a child's region (gets over the chosen TLS); after the
+// child is gone a Read fails (within the copy timeout) instead of hanging.
+TEST_P(UcxTransportFork, ReadFromChildThenFailWhenItVanishes) {
+  ServingChild x = StartServingChild(GetParam());
+  if (!x.skip.empty()) GTEST_SKIP() << x.skip;
+  ASSERT_NE(x.region, nullptr);
+  auto source = x.transport->OpenSource(x.registration_bytes(), x.region.get());
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  const std::vector<Segment> segs = {
+      {.src_offset = 4096 * 50, .dst_offset = 4096 * 5, .bytes = 4096 * 3},
+      {.src_offset = 7, .dst_offset = 4096 * 40 + 1, .bytes = 4096 * 10 + 17},
+  };
+  Status s = source.value()->Read(Tid(13), segs);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (const Segment& seg : segs) EXPECT_TRUE(LandedFromOtherProcess(*x.region, seg, 21));
+  ExpectFailsOnceTheChildIsGone(x.child, "read from",
+                                [&] { return source.value()->Read(Tid(13), segs); });
+  source.value().reset();  // closing an endpoint to a dead peer is bounded too
 }
 
 INSTANTIATE_TEST_SUITE_P(Tls, UcxTransportFork, ::testing::Values("", "tcp"),
