@@ -1,6 +1,7 @@
 // faulty_transport.h — FaultyTransport: a Transport decorator whose writes
-// fail half-way, for fault drills (`kvrelay chaos`, serve's hidden
-// --debug-fail-writes-* flags). Never used unless those flags are given.
+// (and, read mode, reads) fail half-way, for fault drills (`kvrelay chaos`,
+// serve's hidden --debug-fail-writes-* flags). Never used unless those
+// flags are given.
 //
 // Why a decorator: "a P whose writes fail half-way" must exercise the real
 // runtime (writer pool, send table, D's load table) against a real data
@@ -13,11 +14,16 @@
 // run replays). A failing Write first writes the first half of its bytes
 // (the segments cut at that point, through the real transport), then
 // returns kUnavailable — the transport contract's "a failed Write may have
-// written a prefix". Regions are passed through untouched.
+// written a prefix". Reads (Source::Read) the same with `read_probability`
+// and `read_after_bytes`, drawn and counted apart from writes (their own
+// sequence and byte count, so turning read faults on does not change which
+// writes fail): a failing Read reads the first half of its bytes, then
+// returns kUnavailable. Regions are passed through untouched.
 //
 // Ownership: FaultyTransport owns the wrapped Transport; each FaultyTarget
-// owns its wrapped Target and shares the counters with the transport (so a
-// Target may outlive it). Threading: thread-safe like any Transport.
+// or FaultySource owns its wrapped Target or Source and shares the counters
+// with the transport (so it may outlive it). Threading: thread-safe like
+// any Transport.
 #pragma once
 
 #include <cstdint>
@@ -30,10 +36,12 @@
 namespace kvrelay::net {
 
 struct WriteFaultOptions {
-  double probability = 0;     // 0: off
-  uint64_t after_bytes = 0;   // faults start once this many bytes were written
+  double probability = 0;     // writes; 0: off
+  uint64_t after_bytes = 0;   // write faults start once this many bytes were written
   uint64_t seed = 1;
-  bool enabled() const { return probability > 0; }
+  double read_probability = 0;    // reads; 0: off
+  uint64_t read_after_bytes = 0;  // read faults start once this many bytes were read
+  bool enabled() const { return probability > 0 || read_probability > 0; }
 };
 
 // The segments holding the first `bytes` bytes of `segments` (the last one

@@ -1,6 +1,7 @@
 // Tests of FaultyTransport over the real shm transport: a failing write
 // lands exactly its first half and says so; nothing fails before
-// `after_bytes`; the same seed fails the same writes.
+// `after_bytes`; the same seed fails the same writes; reads likewise, drawn
+// apart from writes.
 #include "net/faulty_transport.h"
 
 #include <gtest/gtest.h>
@@ -22,10 +23,14 @@ TEST(PrefixSegments, CutsAtTheByteCount) {
   EXPECT_EQ(PrefixSegments(s, 99), s);
 }
 
+// The faulty transport owns `src` (filled with 0xAB) and has opened the
+// other transport's `dst` for writing (`target`) and for reading
+// (`source`; `dst` is filled with 0xCD by tests that read).
 struct Pair {
   std::unique_ptr<Transport> writer, receiver;
   std::unique_ptr<Region> src, dst;
   std::unique_ptr<Target> target;
+  std::unique_ptr<Source> source;
 };
 
 Pair MakePair(const WriteFaultOptions& faults, const std::string& name) {
@@ -45,7 +50,14 @@ Pair MakePair(const WriteFaultOptions& faults, const std::string& name) {
   auto t = p.writer->Open(p.dst->registration(), p.src.get());
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   p.target = std::move(*t);
+  auto source = p.writer->OpenSource(p.dst->registration(), p.src.get());
+  EXPECT_TRUE(source.ok()) << source.status().ToString();
+  p.source = std::move(*source);
   return p;
+}
+
+bool All(std::span<const uint8_t> bytes, uint8_t value) {
+  return std::all_of(bytes.begin(), bytes.end(), [&](uint8_t b) { return b == value; });
 }
 
 TEST(FaultyTransport, AFailingWriteLandsItsFirstHalfOnly) {
@@ -79,6 +91,49 @@ TEST(FaultyTransport, TheSameSeedFailsTheSameWrites) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a.find('0'), std::string::npos);
   EXPECT_NE(a.find('1'), std::string::npos);
+}
+
+TEST(FaultyTransport, AFailingReadLandsItsFirstHalfOnly) {
+  Pair p = MakePair({.seed = 7, .read_probability = 1.0}, "ft-read-half");
+  std::fill(p.dst->bytes().begin(), p.dst->bytes().end(), uint8_t{0xCD});
+  std::fill(p.src->bytes().begin(), p.src->bytes().end(), uint8_t{0});
+  // Remote blocks 2, 3 → local blocks 0, 1.
+  const std::vector<Segment> segs = {{2048, 0, 1024}, {3072, 1024, 1024}};
+  Status s = p.source->Read(kT, segs);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("injected read fault"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("1024 of 2048"), std::string::npos) << s.message();
+  const auto local = p.src->bytes();
+  EXPECT_TRUE(All(local.first(1024), 0xCD));
+  EXPECT_TRUE(All(local.subspan(1024), 0));
+  // Write faults are off: writes go through whole.
+  EXPECT_TRUE(p.target->Write(kT, segs).ok());
+}
+
+TEST(FaultyTransport, ReadsAndWritesAreDrawnApart) {
+  // Write faults on, read faults off: every read succeeds, and reading
+  // does not move the writes' draws or byte count.
+  auto writes = [](bool read_between, const std::string& name) {
+    Pair p = MakePair({.probability = 0.5, .after_bytes = 0, .seed = 5}, name);
+    const std::vector<Segment> one = {{0, 0, 1024}};
+    std::string out;
+    for (int i = 0; i < 32; ++i) {
+      if (read_between) {
+        EXPECT_TRUE(p.source->Read(kT, one).ok());
+      }
+      out += p.target->Write(kT, one).ok() ? '1' : '0';
+    }
+    return out;
+  };
+  EXPECT_EQ(writes(false, "ft-apart-a"), writes(true, "ft-apart-b"));
+  // Read faults wait for their own byte count.
+  Pair p =
+      MakePair({.seed = 5, .read_probability = 1.0, .read_after_bytes = 2048}, "ft-apart-c");
+  const std::vector<Segment> one = {{0, 0, 1024}};
+  EXPECT_TRUE(p.target->Write(kT, one).ok());  // writes do not count toward it
+  EXPECT_TRUE(p.source->Read(kT, one).ok());
+  EXPECT_TRUE(p.source->Read(kT, one).ok());
+  EXPECT_EQ(p.source->Read(kT, one).code(), StatusCode::kUnavailable);
 }
 
 }  // namespace
