@@ -44,10 +44,11 @@ struct SimCliOptions {
   bool verbose = false;
   std::string scenario;
   bool matrix = false;
+  std::string kv_mode = "push";
 };
 
 // Runs matrix cases (all, or the one named) and prints a line per case.
-int RunMatrix(const std::string& only, bool trace) {
+int RunMatrix(const std::string& only, bool trace, KvMode mode) {
   std::vector<sim::ScenarioPlan> cases = sim::MatrixCases();
   if (!only.empty()) {
     std::vector<sim::ScenarioPlan> one;
@@ -73,7 +74,7 @@ int RunMatrix(const std::string& only, bool trace) {
     if (!selected) continue;
     sim::SimOptions o;
     o.trace = trace;
-    sim::Simulator s(sim::ScenarioParams(plan), o);
+    sim::Simulator s(sim::ScenarioParams(plan, mode), o);
     sim::SimResult r = s.Run();
     std::printf("%-4d %-28s %-6s %10.4f %6u %6u %7u %6u %6zu\n", n, plan.name.c_str(),
                 r.ok ? "pass" : "FAIL", r.call_latency.seconds(), r.requests_ok,
@@ -102,6 +103,11 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kDuplicateTransferRejected, Mark::kPoolPressure,
     Mark::kPrefixHit,           Mark::kPullResent,
     Mark::kReanswered,
+    // read mode
+    Mark::kLeaseExpired,        Mark::kLeaseExpiredRevoking,
+    Mark::kLeaseExtended,       Mark::kRevokeSent,
+    Mark::kRevokeWaitedForRead, Mark::kNoticeAfterEnd,
+    Mark::kGrantTooLate,        Mark::kReadFailed,
 };
 
 bool ParseRange(const std::string& s, uint64_t* a, uint64_t* b) {
@@ -340,7 +346,16 @@ std::vector<uint64_t> ReadRegressions(const std::string& path, bool* ok) {
 }
 
 int RunCommand(const SimCliOptions& o) {
-  if (o.matrix || !o.scenario.empty()) return RunMatrix(o.scenario, o.trace);
+  if (o.matrix || !o.scenario.empty()) {
+    KvMode mode = KvMode::kPush;
+    if (!ParseKvMode(o.kv_mode, &mode)) {
+      std::fprintf(stderr, "kvrelay sim: --kv-mode must be push or read, not '%s'\n",
+                   o.kv_mode.c_str());
+      return 2;
+    }
+    std::printf("lifecycle matrix, kv mode %s\n", KvModeName(mode));
+    return RunMatrix(o.scenario, o.trace, mode);
+  }
   if (o.seed >= 0) return RunOne(static_cast<uint64_t>(o.seed), o.trace);
   std::vector<uint64_t> seeds;
   if (!o.regressions.empty()) {
@@ -439,6 +454,11 @@ void RegisterSim(CLI::App& app) {
                   "Run one lifecycle-matrix case by name (e.g. pause-abort-clear-p)");
   cmd->add_flag("--matrix", o->matrix,
                 "Run all 27 lifecycle-matrix cases under load, one line per case");
+  cmd->add_option("--kv-mode", o->kv_mode,
+                  "With --matrix/--scenario: push (P writes into D) or read (D reads P's "
+                  "blocks under a lease: 30 s, extended 20 s by heartbeats every 5 s); "
+                  "seeded runs draw their mode from the seed")
+      ->capture_default_str();
   cmd->callback([o] { SetExitCode(RunCommand(*o)); });
 }
 

@@ -49,10 +49,40 @@ Status LeaseTable::Claim(TransferId transfer, uint32_t need, Instant now,
   KV_CHECK_GE(need, 1u);
   PruneTombstones(now);
   ++stats_.claims;
-  if (index_.count(transfer) != 0) {
-    ++stats_.claims_rejected_duplicate;
-    return AlreadyExistsError("transfer " + transfer.ToString() +
-                              " is already claimed by a live request");
+  if (auto it = index_.find(transfer); it != index_.end()) {
+    const uint32_t s = it->second;
+    Lease& lease = leases_[s];
+    if (lease.claimed) {
+      ++stats_.claims_rejected_duplicate;
+      return AlreadyExistsError("transfer " + transfer.ToString() +
+                                " is already claimed by a live request");
+    }
+    // Heartbeats got here first and left a placeholder: adopt it. A running
+    // request never expires. Waiting heartbeats from another D engine than
+    // the one named, or for another prompt, are refused now.
+    lease.claimed = true;
+    lease.need = need;
+    lease.prompt_hash = prompt_hash;
+    expiry_.Cancel(s);
+    if (consumer_engine != kAnyConsumerEngine) lease.consumer = consumer_engine;
+    std::vector<Waiter> keep;
+    for (const Waiter& w : lease.waiters) {
+      if (PeerEngineOf(w.peer) != lease.consumer) {
+        ++stats_.refused_wrong_engine;
+        Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+      } else if (w.prompt_hash != 0 && prompt_hash != 0 && w.prompt_hash != prompt_hash) {
+        ++stats_.prompt_mismatch;
+        Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+      } else {
+        keep.push_back(w);
+      }
+    }
+    lease.waiters = std::move(keep);
+    // With no waiter left the first engine to heartbeat binds it again.
+    if (consumer_engine == kAnyConsumerEngine && lease.waiters.empty()) {
+      lease.consumer = kAnyConsumerEngine;
+    }
+    return Status::Ok();
   }
   if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
     ++stats_.claims_after_end;
@@ -64,6 +94,7 @@ Status LeaseTable::Claim(TransferId transfer, uint32_t need, Instant now,
                                   std::to_string(options_.max_leases) + ")");
   }
   const uint32_t s = NewLease(transfer, now);
+  leases_[s].claimed = true;
   leases_[s].need = need;
   leases_[s].prompt_hash = prompt_hash;
   leases_[s].consumer = consumer_engine;
@@ -87,6 +118,10 @@ Status LeaseTable::Ready(TransferId transfer, std::vector<BlockId> blocks, Insta
   }
   const uint32_t s = it->second;
   Lease& lease = leases_[s];
+  if (!lease.claimed) {
+    ++stats_.readies_refused;
+    return FailedPreconditionError("Ready for unclaimed transfer " + transfer.ToString());
+  }
   KV_CHECK(lease.state == LeaseState::kWaiting);  // REQUIRES: first Ready
   if (prompt_hash != 0 && lease.prompt_hash != 0 && prompt_hash != lease.prompt_hash) {
     // The KV was computed under other weights than claimed: no reader may
@@ -103,6 +138,17 @@ Status LeaseTable::Ready(TransferId transfer, std::vector<BlockId> blocks, Insta
   lease.blocks = std::move(blocks);
   lease.until = now + options_.initial_lease;
   expiry_.Arm(s, lease.until);
+  // Heartbeats that waited for the prefill are granted now.
+  std::vector<Waiter> waiters = std::move(lease.waiters);
+  lease.waiters.clear();
+  for (const Waiter& w : waiters) {
+    if (w.prompt_hash != 0 && lease.prompt_hash != 0 && w.prompt_hash != lease.prompt_hash) {
+      ++stats_.prompt_mismatch;
+      Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+      continue;
+    }
+    Grant(s, w.peer, w.seq, now);
+  }
   return Status::Ok();
 }
 
@@ -142,11 +188,21 @@ void LeaseTable::Heartbeat(PeerId peer, uint64_t seq, TransferId transfer,
       Answer(peer, seq, transfer, LeaseAnswer::kEnded, ended->second);
       return;
     }
-    // Not (yet) known here: no state is created for it, so a peer cannot
-    // grow the table. D asks again at its next heartbeat, until it gives up.
-    ++stats_.unknown_heartbeats;
-    Answer(peer, seq, transfer, LeaseAnswer::kPending, TransferResult::kOk);
-    return;
+    if (index_.size() >= options_.max_leases) {
+      // Full: nothing is created; D asks again at its next heartbeat.
+      ++stats_.unknown_heartbeats;
+      Answer(peer, seq, transfer, LeaseAnswer::kPending, TransferResult::kOk);
+      return;
+    }
+    // D got here before P's scheduler claimed the request (both legs are
+    // sent at once): a placeholder remembers the heartbeat so the grant
+    // goes out the moment the prefill is done, not a heartbeat later. It
+    // holds nothing and goes away after initial_lease if never claimed.
+    ++stats_.placeholders;
+    const uint32_t s = NewLease(transfer, now);
+    leases_[s].until = now + options_.initial_lease;
+    expiry_.Arm(s, leases_[s].until);
+    it = index_.find(transfer);
   }
   const uint32_t s = it->second;
   Lease& lease = leases_[s];
@@ -161,29 +217,56 @@ void LeaseTable::Heartbeat(PeerId peer, uint64_t seq, TransferId transfer,
     Answer(peer, seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
     return;
   }
-  if (lease.state == LeaseState::kWaiting) {
+  switch (lease.state) {
+    case LeaseState::kWaiting:
+      Wait(lease, peer, seq, prompt_hash);
+      return;
+    case LeaseState::kRevoking:
+      // No new grant and no extension: the lease is ending. A granted
+      // reader still reading answers the revoke it was sent.
+      ++stats_.ended_answers;
+      Answer(peer, seq, transfer, LeaseAnswer::kEnded, lease.end_reason);
+      return;
+    case LeaseState::kLeased:
+      Grant(s, peer, seq, now);
+      return;
+  }
+}
+
+// WAITING: the heartbeat is answered when the lease starts (Ready) or ends.
+// One waiting heartbeat per peer — a newer one replaces it (D pairs the
+// answer with the newer send time, which is the conservative choice).
+void LeaseTable::Wait(Lease& lease, PeerId peer, uint64_t seq, uint64_t prompt_hash) {
+  for (Waiter& w : lease.waiters) {
+    if (w.peer == peer) {
+      w.seq = seq;
+      w.prompt_hash = prompt_hash;
+      return;
+    }
+  }
+  if (lease.waiters.size() >= kMaxWaiters) {
     ++stats_.pending_answers;
-    Answer(peer, seq, transfer, LeaseAnswer::kPending, TransferResult::kOk);
+    Answer(peer, seq, lease.transfer, LeaseAnswer::kPending, TransferResult::kOk);
     return;
   }
-  if (lease.state == LeaseState::kRevoking) {
-    // No new grant and no extension: the lease is ending. A granted reader
-    // still reading answers the revoke it was sent.
-    ++stats_.ended_answers;
-    Answer(peer, seq, transfer, LeaseAnswer::kEnded, lease.end_reason);
-    return;
-  }
+  ++stats_.waiting_heartbeats;
+  lease.waiters.push_back(Waiter{peer, seq, prompt_hash});
+}
+
+// LEASED: heartbeat `seq` of `peer` extends the lease and is granted.
+void LeaseTable::Grant(uint32_t s, PeerId peer, uint64_t seq, Instant now) {
+  Lease& lease = leases_[s];
   Reader* reader = FindReader(lease, peer);
   if (reader != nullptr && reader->finished) {
     // This rank said it is done: nothing more to read.
     ++stats_.ended_answers;
-    Answer(peer, seq, transfer, LeaseAnswer::kEnded, TransferResult::kAlreadyPulled);
+    Answer(peer, seq, lease.transfer, LeaseAnswer::kEnded, TransferResult::kAlreadyPulled);
     return;
   }
   if (reader == nullptr) {
     if (lease.readers.size() >= lease.need) {
       ++stats_.surplus_readers;
-      Answer(peer, seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+      Answer(peer, seq, lease.transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
       return;
     }
     lease.readers.push_back(Reader{peer, false, false});
@@ -198,7 +281,7 @@ void LeaseTable::Heartbeat(PeerId peer, uint64_t seq, TransferId transfer,
   GrantLease grant;
   grant.peer = peer;
   grant.seq = seq;
-  grant.transfer = transfer;
+  grant.transfer = lease.transfer;
   grant.answer = LeaseAnswer::kGranted;
   grant.remaining_ns = (lease.until - now).ns();
   grant.src = lease.blocks;
@@ -251,14 +334,16 @@ void LeaseTable::Notice(PeerId peer, TransferId transfer, ReadNotice notice, Ins
       break;
     case ReadNotice::kFailed:
       EndLease(s, TransferResult::kWriteFailed, now);
-      return;
+      break;
     case ReadNotice::kRelease:
       EndLease(s, TransferResult::kReleased, now);
-      return;
+      break;
     case ReadNotice::kRevoked:
       break;
   }
-  if (lease.state == LeaseState::kRevoking && Unfinished(lease) == 0) {
+  // Revoking (now or since before): the last reader to finish, however it
+  // finished, ends it.
+  if (lease.used && lease.state == LeaseState::kRevoking && Unfinished(lease) == 0) {
     Finish(s, lease.end_reason, now);
   }
 }
@@ -273,7 +358,22 @@ void LeaseTable::OnTimer(Instant now) {
   // early and an expired one is never skipped behind it.
   while (auto s = expiry_.PopExpired(now)) {
     Lease& lease = leases_[*s];
-    KV_CHECK(lease.used && lease.state != LeaseState::kWaiting);
+    KV_CHECK(lease.used);
+    if (lease.state == LeaseState::kWaiting) {
+      // A placeholder P never claimed: dropped without a tombstone (the
+      // claim may still come); its waiters ask again at their next beat.
+      KV_CHECK(!lease.claimed);
+      ++stats_.placeholders_expired;
+      for (const Waiter& w : lease.waiters) {
+        Answer(w.peer, w.seq, lease.transfer, LeaseAnswer::kPending, TransferResult::kOk);
+      }
+      index_.erase(lease.transfer);
+      const uint32_t slot = *s;
+      lease = Lease{};
+      lease.next_free = free_leases_;
+      free_leases_ = slot;
+      continue;
+    }
     ++stats_.expired;
     if (lease.state == LeaseState::kRevoking) ++stats_.expired_revoking;
     Finish(*s, TransferResult::kExpired, now);
@@ -326,6 +426,10 @@ void LeaseTable::Finish(uint32_t s, TransferResult reason, Instant now) {
   KV_CHECK(lease.used);
   ++stats_.ends[static_cast<uint8_t>(reason)];
   if (lease.holds_blocks) actions_.push_back(SendFinished{lease.transfer, reason});
+  for (const Waiter& w : lease.waiters) {
+    ++stats_.ended_answers;
+    Answer(w.peer, w.seq, lease.transfer, LeaseAnswer::kEnded, reason);
+  }
   expiry_.Cancel(s);
   const TransferId transfer = lease.transfer;
   index_.erase(transfer);
@@ -439,11 +543,14 @@ void LeaseTable::CheckInvariants() const {
     auto it = index_.find(l.transfer);
     KV_CHECK(it != index_.end() && it->second == s);
     KV_CHECK(tombstones_.count(l.transfer) == 0);
-    KV_CHECK_LE(l.readers.size(), l.need);
+    KV_CHECK(l.readers.size() <= l.need);
     KV_CHECK_LE(l.done_ok, l.need);
+    KV_CHECK_LE(l.waiters.size(), kMaxWaiters);
     if (l.state == LeaseState::kWaiting) {
-      KV_CHECK(!l.holds_blocks && l.readers.empty() && !expiry_.IsArmed(s));
+      // A claimed request never expires while it runs; a placeholder does.
+      KV_CHECK(!l.holds_blocks && l.readers.empty() && expiry_.IsArmed(s) == !l.claimed);
     } else {
+      KV_CHECK(l.claimed && l.waiters.empty());
       // Every lease holding blocks has its expiry armed: nothing is held
       // past `until` (a hang becomes an expiry, never a wedge).
       KV_CHECK(l.holds_blocks && !l.blocks.empty() && expiry_.IsArmed(s));
@@ -453,8 +560,9 @@ void LeaseTable::CheckInvariants() const {
   }
   KV_CHECK_EQ(used, index_.size());
   KV_CHECK_EQ(expiry_.size(), static_cast<size_t>(std::count_if(
-      leases_.begin(), leases_.end(),
-      [](const Lease& l) { return l.used && l.state != LeaseState::kWaiting; })));
+      leases_.begin(), leases_.end(), [](const Lease& l) {
+        return l.used && (l.state != LeaseState::kWaiting || !l.claimed);
+      })));
   expiry_.CheckInvariants();
   KV_CHECK_EQ(tombstones_.size(), tombstone_fifo_.size());
 }

@@ -29,8 +29,13 @@
 //
 // States per transfer_id (one `Lease` record):
 //
-//   WAITING   claimed, the prefill is running. No blocks; heartbeats are
-//             answered "pending" (D asks again at its next heartbeat).
+//   WAITING   claimed, the prefill is running — or a placeholder: D's
+//             heartbeat came before P's claim (the router sends both legs
+//             at once). No blocks. The latest heartbeat of each D rank
+//             waits here and is granted the moment the lease starts, so a
+//             load never waits a heartbeat interval for a finished
+//             prefill. A placeholder goes away initial_lease after it was
+//             made if never claimed (no tombstone: the claim may come).
 //   LEASED    prefill done, blocks held until `until`. A heartbeat from one
 //             of the `need` D ranks extends `until` to at least
 //             now + extension and is answered with the blocks (a grant).
@@ -40,8 +45,10 @@
 //   (ended)   SendFinished emitted once if blocks were held; a tombstone
 //             remembers how it ended.
 //
-//   claim:   (none) -> WAITING
-//   ready:   WAITING -> LEASED                    (until = now + initial)
+//   claim:   (none) | placeholder -> WAITING(claimed)
+//   heartbeat of an unknown transfer: (none) -> WAITING(placeholder)
+//   ready:   WAITING(claimed) -> LEASED           (until = now + initial;
+//             waiting heartbeats granted)
 //   heartbeat from a reader: LEASED -> LEASED     (until extended)
 //   done from all `need` readers: LEASED -> ended (kOk)
 //   abort | abort_all | release | read failed:    via EndLease:
@@ -153,7 +160,10 @@ struct LeaseTableStats {
   uint64_t grants = 0;
   uint64_t extensions = 0;          // grants that moved `until`
   uint64_t pending_answers = 0;
-  uint64_t unknown_heartbeats = 0;  // no record, no tombstone: ignored
+  uint64_t waiting_heartbeats = 0;  // held until the lease starts or ends
+  uint64_t placeholders = 0;        // heartbeats before the claim
+  uint64_t placeholders_expired = 0;
+  uint64_t unknown_heartbeats = 0;  // table full: answered pending, nothing kept
   uint64_t ended_answers = 0;
   uint64_t refused_wrong_engine = 0;
   uint64_t prompt_mismatch = 0;
@@ -212,8 +222,15 @@ class LeaseTable {
     bool finished = false;
     bool ok = false;
   };
+  struct Waiter {
+    PeerId peer;
+    uint64_t seq = 0;
+    uint64_t prompt_hash = 0;
+  };
+  static constexpr size_t kMaxWaiters = 64;  // distinct D ranks per lease
   struct Lease {
     bool used = false;
+    bool claimed = false;        // false: a placeholder made by heartbeats
     TransferId transfer;
     LeaseState state = LeaseState::kWaiting;
     Instant created;
@@ -226,6 +243,7 @@ class LeaseTable {
     uint32_t consumer = kAnyConsumerEngine;
     std::vector<BlockId> blocks;
     std::vector<Reader> readers;
+    std::vector<Waiter> waiters;   // WAITING only
     uint32_t next_free = kNil;
   };
   struct Tombstone {
@@ -236,6 +254,9 @@ class LeaseTable {
   // --- the transitions ---
   void EndLease(uint32_t s, TransferResult reason, Instant now);
   void Finish(uint32_t s, TransferResult reason, Instant now);
+
+  void Wait(Lease& lease, PeerId peer, uint64_t seq, uint64_t prompt_hash);
+  void Grant(uint32_t s, PeerId peer, uint64_t seq, Instant now);
 
   // --- helpers ---
   uint32_t NewLease(TransferId transfer, Instant now);

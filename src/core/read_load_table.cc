@@ -86,6 +86,15 @@ bool ReadLoadTable::Release(RequestId request, Instant now) {
 
 void ReadLoadTable::ReleaseUnstarted(TransferId transfer, std::span<const PeerId> producers,
                                      uint64_t /*prompt_hash*/) {
+  // A release promises P that this rank has no read of the transfer in
+  // flight. If a live load here has the same transfer_id (a duplicate id
+  // from the router: the load is someone else's), that promise would be
+  // false — P would free blocks the load is reading. The load tells P
+  // itself when it ends.
+  if (by_transfer_.count(transfer) != 0) {
+    ++stats_.releases_skipped_live;
+    return;
+  }
   for (const PeerId& peer : producers) {
     ++stats_.releases_sent;
     actions_.push_back(SendNotice{peer, transfer, ReadNotice::kRelease});

@@ -125,6 +125,7 @@ struct ReadLoadTableStats {
   uint64_t revokes = 0;
   uint64_t revokes_waited = 0;      // a read was in flight: answered on landing
   uint64_t releases_sent = 0;
+  uint64_t releases_skipped_live = 0;  // unstarted release of a live load's id
   uint64_t producers_given_up = 0;
   uint64_t producers_lost = 0;
   uint64_t stale_read_done = 0;

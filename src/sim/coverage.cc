@@ -34,6 +34,14 @@ std::string_view MarkName(Mark m) {
     case Mark::kOpUpdateWeights: return "op_update_weights";
     case Mark::kPullResent: return "pull_resent";
     case Mark::kReanswered: return "reanswered";
+    case Mark::kLeaseExpired: return "lease_expired";
+    case Mark::kLeaseExpiredRevoking: return "lease_expired_revoking";
+    case Mark::kLeaseExtended: return "lease_extended";
+    case Mark::kRevokeSent: return "revoke_sent";
+    case Mark::kRevokeWaitedForRead: return "revoke_waited_for_read";
+    case Mark::kNoticeAfterEnd: return "notice_after_end";
+    case Mark::kGrantTooLate: return "grant_too_late";
+    case Mark::kReadFailed: return "read_failed";
     case Mark::kCount: break;
   }
   return "?";

@@ -43,6 +43,14 @@ enum class Mark : uint8_t {
   kOpUpdateWeights,
   kPullResent,               // D resent an unanswered pull after a reconnect
   kReanswered,               // P repeated an answer for a resent pull
+  kLeaseExpired,             // read mode: a lease ran out and P freed
+  kLeaseExpiredRevoking,     //   ... while a revoke went unanswered
+  kLeaseExtended,            // a heartbeat moved a lease's end
+  kRevokeSent,               // P ended a lease early by revoking it
+  kRevokeWaitedForRead,      // D answered a revoke only after its read landed
+  kNoticeAfterEnd,           // a done/failed/release came after the lease ended
+  kGrantTooLate,             // D did not read: too little lease left
+  kReadFailed,
   kCount
 };
 

@@ -30,6 +30,7 @@ enum class EventKind : uint8_t {
   kHeal,           // b, c = engine pair
   kFaultsEnd,
   kReconnect,      // b = D engine, c = D rank, a = P engine, x = P rank
+  kReadDone,       // a = read slot (read mode)
 };
 
 struct Event {

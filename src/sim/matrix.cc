@@ -67,7 +67,7 @@ std::vector<ScenarioPlan> MatrixCases() {
   return cases;
 }
 
-SimParams ScenarioParams(const ScenarioPlan& plan) {
+SimParams ScenarioParams(const ScenarioPlan& plan, KvMode mode) {
   SimParams p;
   p.seed = 27;
   p.plan = plan;
@@ -96,6 +96,8 @@ SimParams ScenarioParams(const ScenarioPlan& plan) {
   p.lifecycle_pm = 0;
   p.recompute_on_failure = true;
   p.fault_phase = Duration::Zero();
+  p.kv_mode = mode;   // the lease's defaults are vLLM's (sim_params.h)
+  p.read_margin = Duration::Seconds(1);
   return p;
 }
 

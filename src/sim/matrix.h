@@ -20,7 +20,9 @@ namespace kvrelay::sim {
 
 // The 27 cases, in the matrix's order.
 std::vector<ScenarioPlan> MatrixCases();
-// Parameters for one case (fixed seed; no faults but client disconnects).
-SimParams ScenarioParams(const ScenarioPlan& plan);
+// Parameters for one case (fixed seed; no faults but client disconnects),
+// in push or read mode (read: vLLM's lease of 30 s, 20 s per heartbeat,
+// heartbeats every 5 s).
+SimParams ScenarioParams(const ScenarioPlan& plan, KvMode mode = KvMode::kPush);
 
 }  // namespace kvrelay::sim

@@ -62,6 +62,27 @@ SimParams DrawParams(uint64_t seed) {
   p.fault_phase = Duration::Milliseconds(prng.Range(10, 3000));
   if (!prng.OneIn(3)) p.timer_late_max = Duration::Microseconds(prng.Range(1, 20000));
   p.both_roles = prng.OneIn(4);
+  // Read mode in a third of the runs; leases from tiny (they run out
+  // mid-load and heartbeats race them) to vLLM's 30 s / 20 s / 5 s.
+  if (prng.OneIn(3)) {
+    p.kv_mode = KvMode::kRead;
+    if (p.abort_timeout >= Duration::Seconds(480) || prng.OneIn(4)) {
+      p.initial_lease = Duration::Seconds(30);
+      p.lease_extension = Duration::Seconds(20);
+      p.heartbeat_interval = Duration::Seconds(5);
+    } else {
+      p.lease_extension = Duration::Milliseconds(prng.Range(2, 400));
+      p.initial_lease = p.lease_extension + Duration::Milliseconds(prng.Range(0, 400));
+      p.heartbeat_interval = Duration::Microseconds(
+          prng.Range(200, static_cast<int64_t>(p.lease_extension.ns() / 1000)));
+    }
+    // D heartbeats a load for at most its give-up time: keep that to a
+    // few thousand heartbeats per load so a run stays short.
+    const Duration floor_hb = (p.abort_timeout + p.giveup_grace) / 2000;
+    if (p.heartbeat_interval < floor_hb) p.heartbeat_interval = floor_hb;
+    // The one timing assumption of read mode: D's margin covers a read.
+    p.read_margin = p.write_time_max + Duration::Microseconds(prng.Range(0, 2000));
+  }
   return p;
 }
 
@@ -76,11 +97,12 @@ std::string SimParams::ToString() const {
       buf, sizeof buf,
       "P[tp %s] D[tp %s] pools %u/%u workers %u abort_timeout %.3fs grace %.3fs "
       "requests %u blocks<=%u faults: abort %u drop %u wfail %u crash %u "
-      "partition %u policy %s",
+      "partition %u policy %s mode %s lease %.3fs/%.3fs hb %.3fs",
       tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
       num_workers, abort_timeout.seconds(), giveup_grace.seconds(), num_requests,
       max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
-      partition_pm, recompute_on_failure ? "recompute" : "fail");
+      partition_pm, recompute_on_failure ? "recompute" : "fail", KvModeName(kv_mode),
+      initial_lease.seconds(), lease_extension.seconds(), heartbeat_interval.seconds());
   return buf;
 }
 

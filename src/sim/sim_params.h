@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/time.h"
+#include "core/rank_connector.h"
 #include "engine/engine.h"
 
 namespace kvrelay::sim {
@@ -69,6 +70,14 @@ struct SimParams {
   bool recompute_on_failure = true;     // kv_load_failure_policy
   bool both_roles = false;              // every engine (and rank) is role "both"
   Duration fault_phase = Duration::Seconds(1);  // faults stop after this
+
+  // Read mode (core/lease_table.h): D reads P's blocks under a lease.
+  // Reads take up to write_time_max and fail at write_fail_pm, like writes.
+  KvMode kv_mode = KvMode::kPush;
+  Duration initial_lease = Duration::Seconds(30);
+  Duration lease_extension = Duration::Seconds(20);
+  Duration heartbeat_interval = Duration::Seconds(5);
+  Duration read_margin = Duration::Seconds(5);   // >= write_time_max
 
   std::string ToString() const;
 };

@@ -30,6 +30,18 @@ void Simulator::BlocksFreedCheck(uint32_t engine) {
       }
     }
   }
+  for (const Read& rd : reads_) {
+    // D's own reads land in D's blocks: D must keep them until they have.
+    if (!rd.used || rd.d_engine != engine || rd.d_incarnation != nodes_[engine].incarnation) {
+      continue;
+    }
+    for (const BlockId& b : rd.r.dst) {
+      if (std::find(blocks.begin(), blocks.end(), b) != blocks.end()) {
+        Violation("D freed block " + b.ToString() + " while a read into it is in flight");
+        return;
+      }
+    }
+  }
 }
 
 // --- ranks, network, data plane --------------------------------------------
@@ -40,6 +52,8 @@ void Simulator::DrainRank(uint32_t e, uint32_t r) {
   while (auto a = rank.PollAction()) {
     if (auto* out = std::get_if<OutMessage>(&*a)) {
       SendMessage(e, r, std::move(*out));
+    } else if (auto* read = std::get_if<StartRead>(&*a)) {
+      BeginRead(e, r, std::move(*read));
     } else {
       BeginWrite(e, r, std::move(std::get<StartWrite>(*a)));
     }
@@ -238,27 +252,90 @@ void Simulator::FinishWrite(uint32_t slot) {
   Node& d = nodes_[wr.d_engine];
   const bool reachable =
       d.incarnation == wr.d_incarnation && !Partitioned(wr.p_engine, wr.d_engine);
-  if (reachable && (!wr.fail || wr.garbage)) {
-    // P rank p writes the head groups it shares with D rank r.
-    const uint32_t G = engine::kHeadGroups;
-    const uint32_t p_lo = wr.p_rank * G / p.tp, p_hi = (wr.p_rank + 1) * G / p.tp;
-    const uint32_t d_lo = wr.d_rank * G / d.tp, d_hi = (wr.d_rank + 1) * G / d.tp;
-    const uint32_t lo = std::max(p_lo, d_lo), hi = std::min(p_hi, d_hi);
-    KV_CHECK_LT(lo, hi);
-    for (size_t i = 0; i < wr.w.dst.size(); ++i) {
-      const BlockId dst = wr.w.dst[i];
-      if (!d.memory->OwnedBy(dst, t)) {
-        Violation("a write of transfer " + t.ToString() + " landed in D block " +
-                  dst.ToString() + ", which that transfer does not own");
-        return;
-      }
-      for (uint32_t g = lo; g < hi; ++g) {
-        d.memory->At(dst, g) = wr.garbage ? prng_.Next64() : p.memory->At(wr.w.src[i], g);
-      }
-    }
+  if (reachable && (!wr.fail || wr.garbage) &&
+      !LandKv(wr.p_engine, wr.p_rank, wr.d_engine, wr.d_rank, t, wr.w.src, wr.w.dst, wr.garbage,
+              "write")) {
+    return;
   }
   p.ranks[wr.p_rank]->OnWriteDone(wr.w.write, reachable && !wr.fail, now_);
   DrainRank(wr.p_engine, wr.p_rank);
+}
+
+bool Simulator::LandKv(uint32_t pe, uint32_t pr, uint32_t de, uint32_t dr, TransferId t,
+                       const std::vector<BlockId>& src, const std::vector<BlockId>& dst,
+                       bool garbage, const char* what) {
+  Node& p = nodes_[pe];
+  Node& d = nodes_[de];
+  for (const BlockId& b : src) {
+    if (!p.memory->Live(b)) {
+      Violation(std::string("P block ") + b.ToString() + " of transfer " + t.ToString() +
+                " was freed or reused while a " + what + " read it");
+      return false;
+    }
+  }
+  // P rank pr holds the head groups it shares with D rank dr.
+  const uint32_t G = engine::kHeadGroups;
+  const uint32_t p_lo = pr * G / p.tp, p_hi = (pr + 1) * G / p.tp;
+  const uint32_t d_lo = dr * G / d.tp, d_hi = (dr + 1) * G / d.tp;
+  const uint32_t lo = std::max(p_lo, d_lo), hi = std::min(p_hi, d_hi);
+  KV_CHECK_LT(lo, hi);
+  KV_CHECK_EQ(src.size(), dst.size());
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (!d.memory->OwnedBy(dst[i], t)) {
+      Violation(std::string("a ") + what + " of transfer " + t.ToString() +
+                " landed in D block " + dst[i].ToString() + ", which that transfer does not own");
+      return false;
+    }
+    for (uint32_t g = lo; g < hi; ++g) {
+      d.memory->At(dst[i], g) = garbage ? prng_.Next64() : p.memory->At(src[i], g);
+    }
+  }
+  return true;
+}
+
+// --- read mode: D copies out of P's memory ----------------------------------
+
+void Simulator::BeginRead(uint32_t e, uint32_t r, StartRead read) {
+  if (now_ >= read.deadline) {
+    Violation("read for transfer " + read.transfer.ToString() +
+              " started at or after its lease deadline");
+    return;
+  }
+  const uint32_t slot = TakeSlot(reads_, free_reads_);
+  Read& rd = reads_[slot];
+  rd.used = true;
+  rd.d_engine = e;
+  rd.d_rank = r;
+  rd.d_incarnation = nodes_[e].incarnation;
+  rd.p_engine = read.peer.index / kRanksPerEngineSlot;
+  rd.p_rank = read.peer.index % kRanksPerEngineSlot;
+  rd.p_incarnation = read.peer.generation;
+  rd.fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
+  rd.garbage = rd.fail && prng_.Chance(params_.write_partial_pm, 1000);
+  rd.r = std::move(read);
+  const Duration d = Duration::Nanoseconds(
+      static_cast<int64_t>(prng_.Uniform(params_.write_time_max.ns()) + 1));
+  queue_.Push(Event{now_ + d, 0, EventKind::kReadDone, slot});
+}
+
+void Simulator::FinishRead(uint32_t slot) {
+  Read rd = std::move(reads_[slot]);
+  reads_[slot] = Read{};
+  free_reads_.push_back(slot);
+  KV_CHECK(rd.used);
+  Node& d = nodes_[rd.d_engine];
+  if (d.incarnation != rd.d_incarnation) return;  // the reader's process died
+  // A dead or cut-off P cannot be read (ucx/tcp fail; a dead P's shm
+  // segment is unlinked with it): the read fails without landing.
+  const bool reachable = nodes_[rd.p_engine].incarnation == rd.p_incarnation &&
+                         !Partitioned(rd.p_engine, rd.d_engine);
+  if (reachable && (!rd.fail || rd.garbage) &&
+      !LandKv(rd.p_engine, rd.p_rank, rd.d_engine, rd.d_rank, rd.r.transfer, rd.r.src, rd.r.dst,
+              rd.garbage, "read")) {
+    return;
+  }
+  d.ranks[rd.d_rank]->OnReadDone(rd.r.read, reachable && !rd.fail, now_);
+  DrainRank(rd.d_engine, rd.d_rank);
 }
 
 }  // namespace kvrelay::sim

@@ -26,6 +26,7 @@ const char* KindName(EventKind k) {
     case EventKind::kHeal: return "heal";
     case EventKind::kFaultsEnd: return "faults_end";
     case EventKind::kReconnect: return "reconnect";
+    case EventKind::kReadDone: return "read_done";
   }
   return "?";
 }
@@ -81,6 +82,13 @@ void Simulator::BuildNode(uint32_t e) {
     o.send.num_workers = params_.num_workers;
     o.load.abort_timeout = params_.abort_timeout;
     o.load.giveup_grace = params_.giveup_grace;
+    o.mode = params_.kv_mode;
+    o.lease.initial_lease = params_.initial_lease;
+    o.lease.extension = params_.lease_extension;
+    o.lease.tombstone_ttl = params_.abort_timeout + params_.giveup_grace;
+    o.read.heartbeat_interval = params_.heartbeat_interval;
+    o.read.read_margin = params_.read_margin;
+    o.read.giveup = params_.abort_timeout + params_.giveup_grace;
     node.ranks.push_back(std::make_unique<RankConnector>(o));
   }
   node.timer_at.assign(node.tp, std::nullopt);
@@ -128,7 +136,14 @@ SimResult Simulator::Run() {
   // A request's own work: a step per prompt token at worst, one per output.
   const Duration work =
       params_.step_time * (params_.max_prompt_blocks * 4 + params_.max_output_tokens + 16);
-  const Duration period = params_.abort_timeout + params_.giveup_grace + work;
+  Duration period = params_.abort_timeout + params_.giveup_grace + work;
+  if (params_.kv_mode == KvMode::kRead) {
+    // A lost notice costs a lease instead: P holds until the lease runs
+    // out — the initial one, or the last heartbeat's extension, and D
+    // heartbeats no longer than its give-up time.
+    period = std::max(params_.initial_lease, params_.abort_timeout + params_.giveup_grace) +
+             params_.lease_extension + work;
+  }
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
   if (params_.plan.enabled) {
@@ -151,7 +166,7 @@ SimResult Simulator::Run() {
     // Probes after the case: fresh requests must give exactly the model's
     // output through the same P/D path.
     SendProbes();
-    RunQueue(now_ + (params_.abort_timeout + params_.giveup_grace) * 2, &hash);
+    RunQueue(now_ + period * 2, &hash);
     if (result_.ok) CheckDrained();
     for (uint32_t i = first_probe_; result_.ok && i < clients_.size(); ++i) {
       if (clients_[i].outcome == LegOutcome::kOk) {
@@ -206,6 +221,23 @@ SimResult Simulator::Run() {
         Hit(Mark::kDeadlineTimer, st.deadline_timer);
         Hit(Mark::kWriteFailed, st.writes_failed);
         Hit(Mark::kReanswered, st.reanswered);
+      }
+      if (const LeaseTable* l = rank->lease_table()) {
+        const LeaseTableStats& st = l->stats();
+        Hit(Mark::kLeaseExpired, st.expired);
+        Hit(Mark::kLeaseExpiredRevoking, st.expired_revoking);
+        Hit(Mark::kLeaseExtended, st.extensions);
+        Hit(Mark::kRevokeSent, st.revokes_sent);
+        Hit(Mark::kNoticeAfterEnd, st.notices_after_end);
+      }
+      if (const ReadLoadTable* l = rank->read_table()) {
+        const ReadLoadTableStats& st = l->stats();
+        Hit(Mark::kRevokeWaitedForRead, st.revokes_waited);
+        Hit(Mark::kGrantTooLate, st.grants_too_late);
+        Hit(Mark::kReadFailed, st.reads_failed);
+        Hit(Mark::kLoadCutShort, st.loads_cut_short);
+        Hit(Mark::kReleaseWhileLoading, st.loads_released);
+        Hit(Mark::kProducerGivenUp, st.producers_given_up);
       }
       if (const LoadTable* l = rank->load_table()) {
         Hit(Mark::kProducerGivenUp, l->stats().producers_given_up);
@@ -336,6 +368,9 @@ void Simulator::Dispatch(const Event& ev) {
       break;
     case EventKind::kWriteDone:
       FinishWrite(ev.a);
+      break;
+    case EventKind::kReadDone:
+      FinishRead(ev.a);
       break;
     case EventKind::kCrash:
       Crash(ev.b);
@@ -555,7 +590,20 @@ void Simulator::MaybeInjectFault() {
 void Simulator::CheckAll() {
   for (const Node& node : nodes_) {
     node.engine->CheckInvariants();
-    for (const auto& rank : node.ranks) rank->CheckInvariants();
+    for (const auto& rank : node.ranks) {
+      rank->CheckInvariants();
+      // Read mode: P holds KV no longer than its lease (plus a timer that
+      // runs late) — not the abort timeout, whatever D does.
+      if (const LeaseTable* l = rank->lease_table()) {
+        for (const LeaseView& v : l->Leases()) {
+          if (v.state != LeaseState::kWaiting && now_ > v.until + params_.timer_late_max) {
+            Violation("P held the KV of transfer " + v.transfer.ToString() +
+                      " past its lease (" + LeaseStateName(v.state) + ")");
+            return;
+          }
+        }
+      }
+    }
   }
 }
 
@@ -586,10 +634,21 @@ void Simulator::CheckDrained() {
       if (const LoadTable* l = rank->load_table()) {
         if (l->live_loads() != 0) Violation(name + " load table not empty at the end");
       }
+      if (const LeaseTable* l = rank->lease_table()) {
+        if (l->live_leases() != 0) Violation(name + " lease table not empty at the end");
+      }
+      if (const ReadLoadTable* l = rank->read_table()) {
+        if (l->live_loads() != 0 || l->reads_in_flight() != 0) {
+          Violation(name + " read-load table not empty at the end");
+        }
+      }
     }
   }
   for (const Write& w : writes_) {
     if (w.used) Violation("a write never completed");
+  }
+  for (const Read& r : reads_) {
+    if (r.used) Violation("a read never completed");
   }
   // Every pull item a live P incarnation accepted was answered (a crashed
   // incarnation's pending pulls died with it; D gives up on those).

@@ -154,6 +154,15 @@ class Simulator {
     bool fail = false, garbage = false;
   };
 
+  // Read mode: D rank (e, r) copies P's blocks into its own.
+  struct Read {
+    bool used = false;
+    uint32_t p_engine = 0, p_rank = 0, p_incarnation = 0;
+    uint32_t d_engine = 0, d_rank = 0, d_incarnation = 0;
+    StartRead r;
+    bool fail = false, garbage = false;
+  };
+
   void BuildNode(uint32_t e);
   PeerId PeerOf(uint32_t engine, uint32_t rank) const;
   void Handshake(uint32_t e);
@@ -163,6 +172,14 @@ class Simulator {
   void Deliver(uint32_t slot);
   void BeginWrite(uint32_t e, uint32_t r, StartWrite w);
   void FinishWrite(uint32_t slot);
+  void BeginRead(uint32_t e, uint32_t r, StartRead read);
+  void FinishRead(uint32_t slot);
+  // Copies the head groups P rank (p, pr) shares with D rank (d, dr) from
+  // `src` to `dst` (or garbage), checking both sides' ownership as it lands.
+  // False after reporting a violation.
+  bool LandKv(uint32_t p, uint32_t pr, uint32_t d, uint32_t dr, TransferId t,
+              const std::vector<BlockId>& src, const std::vector<BlockId>& dst, bool garbage,
+              const char* what);
   void ClientArrive(uint32_t request);
   void ClientAbort(uint32_t request);
   void BlocksFreedCheck(uint32_t engine);
@@ -193,6 +210,8 @@ class Simulator {
   std::vector<uint32_t> free_messages_;
   std::vector<Write> writes_;
   std::vector<uint32_t> free_writes_;
+  std::vector<Read> reads_;
+  std::vector<uint32_t> free_reads_;
   std::unordered_map<uint64_t, uint64_t> conn_epoch_;
   std::unordered_map<uint64_t, Instant> conn_last_delivery_;
   std::set<uint64_t> reconnect_pending_;  // one reconnect per connection at a time
