@@ -13,12 +13,12 @@ WriterPool::~WriterPool() { Stop(); }
 void WriterPool::Stop() {
   std::deque<WriteJob> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && threads_.empty()) return;
     stopping_ = true;
     left.swap(queue_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) t.join();
   threads_.clear();
   for (auto& job : left) job.done(Status(StatusCode::kCancelled, "writer pool stopped"));
@@ -26,11 +26,11 @@ void WriterPool::Stop() {
 
 bool WriterPool::Submit(WriteJob job) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ || queue_.size() >= max_queued_) return false;
     queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return true;
 }
 
@@ -38,8 +38,8 @@ void WriterPool::Run() {
   while (true) {
     WriteJob job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       job = std::move(queue_.front());
       queue_.pop_front();

@@ -9,17 +9,17 @@
 // a byte: no write starts after D gave up.
 //
 // Ownership: owned by a RankActor. Submit from the rank's thread; `done`
-// runs on a worker thread (it posts back to the rank's inbox).
+// runs on a worker thread (it posts back to the rank's inbox). Stop (and
+// the destructor) from the owner's thread only: it joins the workers.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/time.h"
 #include "net/transport.h"
@@ -46,16 +46,18 @@ class WriterPool {
 
   // False if the queue is full or the pool stopped (the caller fails the
   // write at once).
-  bool Submit(WriteJob job);
-  void Stop();
+  bool Submit(WriteJob job) EXCLUDES(mu_);
+  void Stop() EXCLUDES(mu_);
 
  private:
-  void Run();
+  void Run() EXCLUDES(mu_);
   const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<WriteJob> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<WriteJob> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  // Started by the constructor, joined and cleared by Stop: the owner's
+  // thread only (Stop also reads it under mu_, where it cannot change).
   std::vector<std::thread> threads_;
 };
 
