@@ -52,7 +52,7 @@ void EngineMonitor::Stop() {
 }
 
 EngineMonitor::Worst EngineMonitor::WorstOf(const std::string& url) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = worst_.find(url);
   return it == worst_.end() ? Worst{} : it->second;
 }
@@ -71,7 +71,7 @@ void EngineMonitor::Run() {
       auto r = clients[i]->Get("/debug/state");
       double send = 0, load = 0;
       if (!r || r->status != 200 || !OldestTransfers(r->body, &send, &load)) continue;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       Worst& w = worst_[urls_[i]];
       w.send_age_s = std::max(w.send_age_s, send);
       w.load_age_s = std::max(w.load_age_s, load);

@@ -14,11 +14,11 @@
 
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "bench/chaos_verdict.h"
 
 namespace kvrelay {
@@ -33,15 +33,15 @@ class EngineMonitor {
   struct Worst {
     double send_age_s = 0, load_age_s = 0;
   };
-  Worst WorstOf(const std::string& url) const;
+  Worst WorstOf(const std::string& url) const EXCLUDES(mu_);
 
  private:
-  void Run();
+  void Run() EXCLUDES(mu_);
   const std::vector<std::string> urls_;
   const double period_s_;
   std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
-  std::map<std::string, Worst> worst_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, Worst> worst_ GUARDED_BY(mu_);
   std::thread thread_;
 };
 

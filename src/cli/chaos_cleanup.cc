@@ -6,19 +6,22 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <mutex>
 #include <set>
 #include <thread>
+
+#include "base/mutex.h"
 
 namespace kvrelay::cli {
 namespace {
 
-std::mutex g_mu;
-std::set<std::string>& Tables() {
+// Guards the two sets below: the runner registers and unregisters from its
+// threads, the signal thread walks them.
+Mutex g_mu;
+std::set<std::string>& Tables() REQUIRES(g_mu) {
   static auto* t = new std::set<std::string>;
   return *t;
 }
-std::set<pid_t>& Pids() {
+std::set<pid_t>& Pids() REQUIRES(g_mu) {
   static auto* p = new std::set<pid_t>;
   return *p;
 }
@@ -41,19 +44,19 @@ int DeleteNftTable(const std::string& table) {
 }
 
 void RegisterNftTable(const std::string& table) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   Tables().insert(table);
 }
 void UnregisterNftTable(const std::string& table) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   Tables().erase(table);
 }
 void RegisterChildPid(pid_t pid) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   Pids().insert(pid);
 }
 void UnregisterChildPid(pid_t pid) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   Pids().erase(pid);
 }
 
@@ -68,7 +71,7 @@ void InstallChaosSignalCleanup() {
     sigwait(&set, &sig);
     std::fprintf(stderr, "\nkvrelay chaos: signal %d: removing partitions, killing children\n",
                  sig);
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(&g_mu);
     for (const std::string& t : Tables()) DeleteNftTable(t);
     for (pid_t p : Pids()) {
       kill(p, SIGCONT);
