@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
-#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -37,41 +36,44 @@ namespace kvrelay::net {
 
 class GrantTable {
  public:
-  explicit GrantTable(uint32_t num_blocks) : owner_(num_blocks) {}
+  explicit GrantTable(uint32_t num_blocks) : num_blocks_(num_blocks), owner_(num_blocks) {}
 
   // Blocks `blocks` may now be written by `transfer` (a later grant of the
   // same block replaces an earlier one). Out-of-range blocks are ignored.
-  void Grant(TransferId transfer, std::span<const uint32_t> blocks) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Grant(TransferId transfer, std::span<const uint32_t> blocks) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     for (uint32_t b : blocks) {
-      if (b < owner_.size()) owner_[b] = transfer;
+      if (b < num_blocks_) owner_[b] = transfer;
     }
   }
   // Revokes `transfer`'s grant on `blocks` (blocks granted to another
   // transfer since are left alone).
-  void Revoke(TransferId transfer, std::span<const uint32_t> blocks) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Revoke(TransferId transfer, std::span<const uint32_t> blocks) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     for (uint32_t b : blocks) {
-      if (b < owner_.size() && owner_[b] == transfer) owner_[b] = TransferId{};
+      if (b < num_blocks_ && owner_[b] == transfer) owner_[b] = TransferId{};
     }
   }
   // True if every block in [first, last] is granted to `transfer`.
-  bool Allows(TransferId transfer, uint32_t first, uint32_t last) const {
-    if (transfer == TransferId{} || first > last || last >= owner_.size()) return false;
-    std::lock_guard<std::mutex> lock(mu_);
+  bool Allows(TransferId transfer, uint32_t first, uint32_t last) const EXCLUDES(mu_) {
+    if (transfer == TransferId{} || first > last || last >= num_blocks_) return false;
+    MutexLock lock(&mu_);
     for (uint32_t b = first; b <= last; ++b) {
       if (owner_[b] != transfer) return false;
     }
     return true;
   }
-  void Clear() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Clear() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     std::fill(owner_.begin(), owner_.end(), TransferId{});
   }
 
  private:
-  mutable std::mutex mu_;
-  std::vector<TransferId> owner_;
+  const uint32_t num_blocks_;
+  mutable Mutex mu_;
+  // Per block: the transfer that may write it (zero: none). Its size,
+  // num_blocks_, never changes.
+  std::vector<TransferId> owner_ GUARDED_BY(mu_);
 };
 
 class ReadGrantTable {
