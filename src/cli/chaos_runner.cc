@@ -45,17 +45,6 @@ std::string F2(double x) {
   return b;
 }
 
-Result<json> GetJson(const std::string& url, const std::string& path) {
-  httplib::Client cli(url);
-  cli.set_connection_timeout(2);
-  cli.set_read_timeout(5);
-  auto r = cli.Get(path.c_str());
-  if (!r || r->status != 200) return Status(StatusCode::kUnavailable, url + path);
-  json j = json::parse(r->body, nullptr, false);
-  if (j.is_discarded()) return Status(StatusCode::kUnavailable, url + path + ": not JSON");
-  return j;
-}
-
 // D's completed KV loads so far (-1: no answer).
 double LoadsOk(const std::string& d_url) {
   httplib::Client cli(d_url);

@@ -173,4 +173,15 @@ std::string LocalCluster::Stop(bool* clean) {
   return out;
 }
 
+Result<nlohmann::json> GetJson(const std::string& url, const std::string& path) {
+  httplib::Client cli(url);
+  cli.set_connection_timeout(2);
+  cli.set_read_timeout(5);
+  auto r = cli.Get(path.c_str());
+  if (!r || r->status != 200) return Status(StatusCode::kUnavailable, url + path);
+  nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+  if (j.is_discarded()) return Status(StatusCode::kUnavailable, url + path + ": not JSON");
+  return j;
+}
+
 }  // namespace kvrelay::cli

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "base/result.h"
 #include "base/status.h"
 #include "cli/child_process.h"
 
@@ -64,5 +66,7 @@ class LocalCluster {
 // A loopback port free now (and the `span - 1` after it, as far as bind says).
 uint16_t FreePort(uint32_t span = 1);
 std::string SelfPath();
+// GET url+path as JSON (short timeouts); kUnavailable on any failure.
+Result<nlohmann::json> GetJson(const std::string& url, const std::string& path);
 
 }  // namespace kvrelay::cli

@@ -40,7 +40,22 @@ struct MatrixOptions {
   std::string json_path;
   uint64_t seed = 1;
   std::string auth_token_file;
+  std::string kv_mode = "push";
+  double lease_s = 30;   // read mode: serve's default; P's holds must stay within it
 };
+
+// Read mode: the longest any P rank held a lease's blocks (-1: unknown).
+double MaxLeaseHoldS(const LocalCluster& cluster) {
+  double worst = -1;
+  for (const std::string& url : cluster.p_urls()) {
+    Result<nlohmann::json> st = GetJson(url, "/debug/state");
+    if (!st.ok() || !st->contains("ranks")) return -1;
+    for (const auto& rank : (*st)["ranks"]) {
+      worst = std::max(worst, rank.value("lease_max_hold_s", 0.0));
+    }
+  }
+  return worst;
+}
 
 const char* Mode(engine::PauseMode m) {
   return m == engine::PauseMode::kAbort ? "abort" : m == engine::PauseMode::kWait ? "wait"
@@ -93,6 +108,7 @@ struct Row {
   double latency_s = 0;
   LoadReport load;
   int64_t p_blocks = -1, d_blocks = -1;
+  double max_hold_s = -1;   // read mode: P's longest lease hold
   bool passed = false;
 };
 
@@ -138,8 +154,18 @@ int RunMatrix(const MatrixOptions& m) {
               "transport %s, logs in %s\n",
               chosen.size(), m.requests, m.concurrency, m.call_at_s, m.transport.c_str(),
               logs.c_str());
-  std::printf("%-3s %-28s %-42s %-6s %9s %-22s %-9s %-6s %s\n", "#", "case", "call", "target",
-              "call ms", "ok/err/disc/failed", "blocks P/D", "probes", "verdict");
+  if (m.kv_mode != "push" && m.kv_mode != "read") {
+    std::fprintf(stderr, "kvrelay matrix: --kv-mode must be push or read, not '%s'\n",
+                 m.kv_mode.c_str());
+    return 2;
+  }
+  std::printf("kv mode %s%s\n", m.kv_mode.c_str(),
+              m.kv_mode == "read" ? " (hold s: P's longest lease hold; must stay within the "
+                                    "lease)"
+                                  : "");
+  std::printf("%-3s %-28s %-42s %-6s %9s %-22s %-9s %-6s %7s %s\n", "#", "case", "call",
+              "target", "call ms", "ok/err/disc/failed", "blocks P/D", "probes", "hold s",
+              "verdict");
   std::fflush(stdout);
   std::vector<Row> rows;
   int failed = 0;
@@ -155,6 +181,8 @@ int RunMatrix(const MatrixOptions& m) {
     co.d_tp = m.d_tp;
     co.step_per_token_us = m.step_per_token_us;
     co.auth_token_file = m.auth_token_file;
+    co.engine_args = {"--kv-mode", m.kv_mode};
+    co.router_args = {"--kv-mode", m.kv_mode};
     LocalCluster cluster;
     Status s = cluster.Start(co);
     if (!s.ok()) {
@@ -215,6 +243,16 @@ int RunMatrix(const MatrixOptions& m) {
           if (d == url) row.d_blocks = blocks;
         }
       }
+      if (m.kv_mode == "read") {
+        // P's longest hold is bounded by the lease (a revoke or D's notices
+        // end it sooner), never by the abort timeout.
+        row.max_hold_s = MaxLeaseHoldS(cluster);
+        if (row.max_hold_s < 0 || row.max_hold_s > m.lease_s) {
+          calls_ok = false;
+          row.why += "P held KV " + std::to_string(row.max_hold_s) + " s (lease " +
+                     std::to_string(m.lease_s) + " s); ";
+        }
+      }
       bool clean = false;
       const std::string how = cluster.Stop(&clean);
       if (!clean) row.why += "shutdown not clean: " + how;
@@ -235,9 +273,11 @@ int RunMatrix(const MatrixOptions& m) {
     std::snprintf(blocks, sizeof blocks, "%lld/%lld", static_cast<long long>(row.p_blocks),
                   static_cast<long long>(row.d_blocks));
     std::snprintf(probes, sizeof probes, "%u/%u", r.probes_ok, r.probes);
-    std::printf("%-3d %-28s %-42s %-6s %9.1f %-22s %-9s %-6s %s%s%s\n", row.index,
+    char hold[16] = "-";
+    if (row.max_hold_s >= 0) std::snprintf(hold, sizeof hold, "%.3f", row.max_hold_s);
+    std::printf("%-3d %-28s %-42s %-6s %9.1f %-22s %-9s %-6s %7s %s%s%s\n", row.index,
                 row.name.c_str(), row.call.c_str(), row.target.c_str(), row.latency_s * 1e3,
-                counts, blocks, probes, row.verdict.c_str(), row.why.empty() ? "" : "  ",
+                counts, blocks, probes, hold, row.verdict.c_str(), row.why.empty() ? "" : "  ",
                 row.passed ? "" : row.why.c_str());
     std::fflush(stdout);
     rows.push_back(std::move(row));
@@ -259,6 +299,8 @@ int RunMatrix(const MatrixOptions& m) {
                    {"blocks_left_d", r.d_blocks},
                    {"probes_ok", r.load.probes_ok},
                    {"probes", r.load.probes},
+                   {"kv_mode", m.kv_mode},
+                   {"max_lease_hold_s", r.max_hold_s},
                    {"passed", r.passed},
                    {"why", r.why}});
     }
@@ -286,6 +328,10 @@ void RegisterMatrix(CLI::App& app) {
   cmd->add_option("--call-at-s", m->call_at_s, "when the call lands, from the load's start")
       ->capture_default_str();
   cmd->add_option("--transport", m->transport, "shm | tcp | ucx")->capture_default_str();
+  cmd->add_option("--kv-mode", m->kv_mode,
+                  "push | read: the engines' and router's --kv-mode; in read mode each case "
+                  "also checks that P's longest lease hold stays within the lease (30 s)")
+      ->capture_default_str();
   cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
   cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();
   cmd->add_option("--d-tp", m->d_tp, "decode tp")->capture_default_str();

@@ -37,6 +37,7 @@ struct RouterCliOptions {
   double recheck_interval_ms = 1000;
   double drain_timeout_s = 5;
   std::string auth_token_file;
+  std::string kv_mode = "push";
 };
 
 Duration Seconds(double s) { return Duration::Nanoseconds(static_cast<int64_t>(s * 1e9)); }
@@ -76,9 +77,24 @@ int RunRouter(const RouterCliOptions& o) {
     }
   }
   const Duration fetch_timeout = Seconds(o.connect_timeout_s);
+  if (o.kv_mode != "push" && o.kv_mode != "read") {
+    std::fprintf(stderr, "kvrelay router: --kv-mode must be push or read, not '%s'\n",
+                 o.kv_mode.c_str());
+    return 2;
+  }
+  // An engine of the other kv mode is refused at discovery with a clear
+  // reason (the engine pool also keeps every engine in one mode).
+  const std::string kv_mode = o.kv_mode;
   Result<std::shared_ptr<router::EnginePool>> pool = router::EnginePool::Create(
       o.prefill, o.decode,
-      [fetch_timeout](const std::string& url) { return router::FetchEngineInfo(url, fetch_timeout); });
+      [fetch_timeout, kv_mode](const std::string& url) -> Result<router::EngineInfo> {
+        Result<router::EngineInfo> info = router::FetchEngineInfo(url, fetch_timeout);
+        if (info.ok() && info->kv_mode != kv_mode) {
+          return FailedPreconditionError("engine " + url + " runs --kv-mode " + info->kv_mode +
+                                         " but this router runs --kv-mode " + kv_mode);
+        }
+        return info;
+      });
   if (!pool.ok()) {
     std::fprintf(stderr, "kvrelay router: %s\n", pool.status().message().c_str());
     return 2;
@@ -191,6 +207,10 @@ void RegisterRouter(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--drain-timeout-s", o->drain_timeout_s,
                   "at shutdown, how long to wait for cancelled legs to end")
+      ->capture_default_str();
+  cmd->add_option("--kv-mode", o->kv_mode,
+                  "push or read: the engines' --kv-mode; an engine of the other mode is "
+                  "refused at discovery")
       ->capture_default_str();
   cmd->add_option("--auth-token-file", o->auth_token_file,
                   "the cluster's shared secret (chmod 600); checked at start. The router has "

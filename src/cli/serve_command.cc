@@ -35,6 +35,11 @@ struct ServeCliOptions {
   std::string ucx_tls;
   double abort_timeout_s = 480;
   double giveup_grace_s = 60;
+  std::string kv_mode = "push";
+  double lease_s = 30;
+  double lease_extension_s = 20;
+  double lease_heartbeat_s = 5;
+  double read_margin_s = 5;
   double step_base_us = 500;
   double step_per_token_us = 20;
   double peer_dead_after_s = 10;
@@ -111,6 +116,29 @@ int RunServe(const ServeCliOptions& o) {
   no.giveup_grace = Duration::Nanoseconds(static_cast<int64_t>(o.giveup_grace_s * 1e9));
   no.peer_dead_after = Duration::Nanoseconds(static_cast<int64_t>(o.peer_dead_after_s * 1e9));
   no.write_faults = o.write_faults;
+  if (!ParseKvMode(o.kv_mode, &no.kv_mode)) {
+    std::fprintf(stderr, "kvrelay serve: --kv-mode must be push or read, not '%s'\n",
+                 o.kv_mode.c_str());
+    return 2;
+  }
+  // Read mode's one timing rule: D reads only with more than read_margin
+  // of lease left, and renews every heartbeat; an extension shorter than
+  // heartbeat + margin would let every lease lapse between heartbeats.
+  if (!(o.lease_s > 0 && o.lease_heartbeat_s > 0 && o.read_margin_s >= 0 &&
+        o.lease_extension_s > o.lease_heartbeat_s + o.read_margin_s &&
+        o.lease_s > o.read_margin_s)) {
+    std::fprintf(stderr,
+                 "kvrelay serve: read-mode timings need --lease-s > --read-margin-s and "
+                 "--lease-extension-s > --lease-heartbeat-s + --read-margin-s (got %g, %g, "
+                 "%g, %g)\n",
+                 o.lease_s, o.lease_extension_s, o.lease_heartbeat_s, o.read_margin_s);
+    return 2;
+  }
+  auto seconds = [](double s) { return Duration::Nanoseconds(static_cast<int64_t>(s * 1e9)); };
+  no.lease = seconds(o.lease_s);
+  no.lease_extension = seconds(o.lease_extension_s);
+  no.lease_heartbeat = seconds(o.lease_heartbeat_s);
+  no.read_margin = seconds(o.read_margin_s);
   so.http_host = o.host;
   so.http_port = o.port;
   so.http_threads = o.http_threads;
@@ -189,6 +217,25 @@ void RegisterServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--giveup-grace-s", o->giveup_grace_s,
                   "D gives up a load this long after its pull's deadline")
+      ->capture_default_str();
+  cmd->add_option("--kv-mode", o->kv_mode,
+                  "push: P writes the KV into D's blocks (Mooncake-like). read: D reads P's "
+                  "blocks one-sided under a lease D renews by heartbeat (NIXL-like); every "
+                  "engine of a cluster and its router must agree")
+      ->capture_default_str();
+  cmd->add_option("--lease-s", o->lease_s,
+                  "read mode, P: how long a finished prefill's KV is held for D's reads "
+                  "before any heartbeat")
+      ->capture_default_str();
+  cmd->add_option("--lease-extension-s", o->lease_extension_s,
+                  "read mode, P: each heartbeat keeps the lease at least this long from then")
+      ->capture_default_str();
+  cmd->add_option("--lease-heartbeat-s", o->lease_heartbeat_s,
+                  "read mode, D: heartbeat interval for a load in flight")
+      ->capture_default_str();
+  cmd->add_option("--read-margin-s", o->read_margin_s,
+                  "read mode, D: start no read with less lease left than this (at least the "
+                  "longest a read can take)")
       ->capture_default_str();
   cmd->add_option("--peer-dead-after-s", o->peer_dead_after_s,
                   "D fails loads from a P silent this long")

@@ -135,6 +135,7 @@ Status LeaseTable::Ready(TransferId transfer, std::vector<BlockId> blocks, Insta
   ++stats_.readies;
   lease.state = LeaseState::kLeased;
   lease.holds_blocks = true;
+  lease.ready_at = now;
   lease.blocks = std::move(blocks);
   lease.until = now + options_.initial_lease;
   expiry_.Arm(s, lease.until);
@@ -425,7 +426,10 @@ void LeaseTable::Finish(uint32_t s, TransferResult reason, Instant now) {
   Lease& lease = leases_[s];
   KV_CHECK(lease.used);
   ++stats_.ends[static_cast<uint8_t>(reason)];
-  if (lease.holds_blocks) actions_.push_back(SendFinished{lease.transfer, reason});
+  if (lease.holds_blocks) {
+    actions_.push_back(SendFinished{lease.transfer, reason});
+    stats_.max_hold_ns = std::max(stats_.max_hold_ns, (now - lease.ready_at).ns());
+  }
   for (const Waiter& w : lease.waiters) {
     ++stats_.ended_answers;
     Answer(w.peer, w.seq, lease.transfer, LeaseAnswer::kEnded, reason);

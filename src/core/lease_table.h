@@ -177,6 +177,9 @@ struct LeaseTableStats {
   uint64_t ends[kTransferResultCount] = {};
   uint64_t tombstones_evicted = 0;
   uint64_t aborts_unknown = 0;
+  // The longest P held a lease's blocks (Ready to the end), in ns: the
+  // figure the lease bounds.
+  int64_t max_hold_ns = 0;
 };
 
 class LeaseTable {
@@ -234,6 +237,7 @@ class LeaseTable {
     TransferId transfer;
     LeaseState state = LeaseState::kWaiting;
     Instant created;
+    Instant ready_at;
     Instant until;
     bool holds_blocks = false;
     TransferResult end_reason = TransferResult::kOk;

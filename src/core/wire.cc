@@ -125,13 +125,32 @@ void EncodePayload(Writer& w, const HeartbeatMsg& m) {
   w.U64(m.seq);
 }
 
-WireType TypeOf(const WireMessage& m) {
-  switch (m.index()) {
-    case 0: return WireType::kHandshake;
-    case 1: return WireType::kPull;
-    case 2: return WireType::kAnswer;
-    default: return WireType::kHeartbeat;
+void EncodePayload(Writer& w, const LeaseMsg& m) {
+  w.U64(m.seq);
+  PutTransfer(w, m.transfer);
+  w.U64(m.prompt_hash);
+}
+void EncodePayload(Writer& w, const GrantMsg& m) {
+  w.U64(m.seq);
+  PutTransfer(w, m.transfer);
+  w.U8(static_cast<uint8_t>(m.answer));
+  w.U8(static_cast<uint8_t>(m.result));
+  w.U64(static_cast<uint64_t>(m.remaining_ns));
+  w.U32(static_cast<uint32_t>(m.src.size()));
+  for (const BlockId& b : m.src) {
+    w.U32(b.index);
+    w.U32(b.generation);
   }
+}
+void EncodePayload(Writer& w, const RevokeMsg& m) { PutTransfer(w, m.transfer); }
+void EncodePayload(Writer& w, const NoticeMsg& m) {
+  PutTransfer(w, m.transfer);
+  w.U8(static_cast<uint8_t>(m.notice));
+}
+
+WireType TypeOf(const WireMessage& m) {
+  static_assert(std::variant_size_v<WireMessage> == 8);
+  return static_cast<WireType>(m.index() + 1);  // alternatives in WireType order
 }
 
 Status Truncated(const char* what) {
@@ -226,6 +245,62 @@ Result<WireMessage> DecodeAnswer(Reader& r) {
   return WireMessage(m);
 }
 
+Result<WireMessage> DecodeLease(Reader& r) {
+  LeaseMsg m;
+  m.seq = r.U64();
+  m.transfer = GetTransfer(r);
+  m.prompt_hash = r.U64();
+  if (r.bad()) return Truncated("lease heartbeat");
+  return WireMessage(m);
+}
+
+Result<WireMessage> DecodeGrant(Reader& r, const WireLimits& limits) {
+  GrantMsg m;
+  m.seq = r.U64();
+  m.transfer = GetTransfer(r);
+  const uint8_t answer = r.U8();
+  const uint8_t result = r.U8();
+  m.remaining_ns = static_cast<int64_t>(r.U64());
+  const uint32_t blocks = r.U32();
+  if (r.bad()) return Truncated("grant");
+  if (answer > static_cast<uint8_t>(LeaseAnswer::kEnded)) {
+    return InvalidArgumentError("grant answer " + std::to_string(answer) + " unknown");
+  }
+  if (result >= kTransferResultCount) {
+    return InvalidArgumentError("grant result " + std::to_string(result) + " unknown");
+  }
+  if (m.remaining_ns < 0) return InvalidArgumentError("grant with a negative lease");
+  if (blocks > limits.max_blocks_per_item) {
+    return Status(StatusCode::kOutOfRange,
+                  "grant with " + std::to_string(blocks) +
+                      " blocks is over the limit (max_blocks_per_item " +
+                      std::to_string(limits.max_blocks_per_item) + ")");
+  }
+  if (uint64_t{blocks} * 8 > r.left()) return Truncated("grant blocks");
+  m.answer = static_cast<LeaseAnswer>(answer);
+  m.result = static_cast<TransferResult>(result);
+  m.src.reserve(blocks);
+  for (uint32_t b = 0; b < blocks; ++b) {
+    BlockId id;
+    id.index = r.U32();
+    id.generation = r.U32();
+    m.src.push_back(id);
+  }
+  return WireMessage(std::move(m));
+}
+
+Result<WireMessage> DecodeNotice(Reader& r) {
+  NoticeMsg m;
+  m.transfer = GetTransfer(r);
+  const uint8_t notice = r.U8();
+  if (r.bad()) return Truncated("notice");
+  if (notice > static_cast<uint8_t>(ReadNotice::kRevoked)) {
+    return InvalidArgumentError("notice " + std::to_string(notice) + " unknown");
+  }
+  m.notice = static_cast<ReadNotice>(notice);
+  return WireMessage(m);
+}
+
 }  // namespace
 
 std::string_view WireLimitName(WireLimit limit) {
@@ -297,6 +372,15 @@ Result<WireMessage> DecodeWire(std::span<const uint8_t> frame, const WireLimits&
       m = r.bad() ? Result<WireMessage>(Truncated("heartbeat")) : Result<WireMessage>(h);
       break;
     }
+    case WireType::kLease: m = DecodeLease(r); break;
+    case WireType::kGrant: m = DecodeGrant(r, limits); break;
+    case WireType::kRevoke: {
+      RevokeMsg v;
+      v.transfer = GetTransfer(r);
+      m = r.bad() ? Result<WireMessage>(Truncated("revoke")) : Result<WireMessage>(v);
+      break;
+    }
+    case WireType::kNotice: m = DecodeNotice(r); break;
   }
   if (m.ok() && r.left() != 0) {
     return InvalidArgumentError(std::to_string(r.left()) + " trailing bytes after the message");

@@ -34,7 +34,11 @@ inline constexpr uint32_t kWireMagic = 0x4C52564B;  // "KVRL" in memory order
 inline constexpr uint16_t kWireVersion = 2;  // 2: handshake carries auth
 inline constexpr size_t kWireHeaderBytes = 12;
 
-enum class WireType : uint16_t { kHandshake = 1, kPull = 2, kAnswer = 3, kHeartbeat = 4 };
+enum class WireType : uint16_t {
+  kHandshake = 1, kPull = 2, kAnswer = 3, kHeartbeat = 4,
+  // read mode (core/lease_table.h)
+  kLease = 5, kGrant = 6, kRevoke = 7, kNotice = 8,
+};
 
 // First message on a connection: who the sender is and how its KV is laid
 // out, so the receiver can validate every later pull against it.
@@ -67,7 +71,9 @@ struct HeartbeatMsg {
   bool operator==(const HeartbeatMsg&) const = default;
 };
 
-using WireMessage = std::variant<HandshakeMsg, PullMsg, AnswerMsg, HeartbeatMsg>;
+// The order of the alternatives is the order of WireType (TypeOf).
+using WireMessage = std::variant<HandshakeMsg, PullMsg, AnswerMsg, HeartbeatMsg, LeaseMsg,
+                                 GrantMsg, RevokeMsg, NoticeMsg>;
 
 struct WireLimits {
   uint32_t max_frame_bytes = 16u << 20;

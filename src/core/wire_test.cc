@@ -43,8 +43,16 @@ PullMsg SamplePull() {
 }
 
 std::vector<WireMessage> Samples() {
-  return {SampleHandshake(), SamplePull(),
-          AnswerMsg{42, TransferId{1, 2}, TransferResult::kDeadline}, HeartbeatMsg{3, 77}};
+  return {SampleHandshake(),
+          SamplePull(),
+          AnswerMsg{42, TransferId{1, 2}, TransferResult::kDeadline},
+          HeartbeatMsg{3, 77},
+          LeaseMsg{9, TransferId{1, 2}, 0x1234},
+          GrantMsg{9, TransferId{1, 2}, LeaseAnswer::kGranted, TransferResult::kOk,
+                   20'000'000'000, {BlockId{3, 1}, BlockId{4, 2}}},
+          GrantMsg{10, TransferId{1, 2}, LeaseAnswer::kEnded, TransferResult::kExpired, 0, {}},
+          RevokeMsg{TransferId{5, 6}},
+          NoticeMsg{TransferId{5, 6}, ReadNotice::kRevoked}};
 }
 
 TEST(WireTest, EveryTypeRoundTrips) {

@@ -10,7 +10,8 @@ json EngineInfo::ToJson() const {
   return json{{"engine_id", engine_id},     {"incarnation", incarnation},
               {"role", role},               {"tp", tp},
               {"kv_host", kv_host},         {"kv_port", kv_port},
-              {"transport", transport},     {"model", model},
+              {"transport", transport},     {"kv_mode", kv_mode},
+              {"model", model},
               {"model_shape", model_shape}, {"max_context", max_context}};
 }
 
@@ -60,6 +61,12 @@ Result<EngineInfo> ParseEngineInfo(std::string_view body) {
   }
   info.kv_port = static_cast<uint16_t>(v);
   if (!GetString(j, "transport", &info.transport)) return FieldError("transport", "a string");
+  if (j.contains("kv_mode")) {
+    if (!GetString(j, "kv_mode", &info.kv_mode) ||
+        (info.kv_mode != "push" && info.kv_mode != "read")) {
+      return FieldError("kv_mode", "\"push\" or \"read\"");
+    }
+  }
   if (!GetString(j, "model", &info.model)) return FieldError("model", "a string");
   if (!GetString(j, "model_shape", &info.model_shape)) {
     return FieldError("model_shape", "a string");

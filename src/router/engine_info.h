@@ -31,6 +31,7 @@ struct EngineInfo {
   std::string kv_host;       // where D engines reach this engine's control port
   uint16_t kv_port = 0;
   std::string transport;     // "shm" | "tcp" | "ucx"
+  std::string kv_mode = "push";  // "push" | "read" (absent from older engines: push)
   std::string model;
   std::string model_shape;
   uint32_t max_context = 0;

@@ -123,6 +123,10 @@ Status EnginePool::Fits(const Entry& e, const EngineInfo& info) const {
                                      ") but other engines serve \"" + reference_->model +
                                      "\" (shape " + reference_->model_shape + ")");
     }
+    if (info.kv_mode != reference_->kv_mode) {
+      return FailedPreconditionError("engine " + e.url + " runs kv mode " + info.kv_mode +
+                                     " but other engines run " + reference_->kv_mode);
+    }
     if (info.transport != reference_->transport) {
       return FailedPreconditionError("engine " + e.url + " uses transport " + info.transport +
                                      " but other engines use " + reference_->transport);

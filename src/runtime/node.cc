@@ -65,6 +65,13 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       ro.send.num_workers = options.num_workers;
       ro.load.abort_timeout = options.abort_timeout;
       ro.load.giveup_grace = options.giveup_grace;
+      ro.mode = options.kv_mode;
+      ro.lease.initial_lease = options.lease;
+      ro.lease.extension = options.lease_extension;
+      ro.lease.tombstone_ttl = options.abort_timeout + options.giveup_grace;
+      ro.read.heartbeat_interval = options.lease_heartbeat;
+      ro.read.read_margin = options.read_margin;
+      ro.read.giveup = options.abort_timeout + options.giveup_grace;
       ro.heartbeat = options.heartbeat;
       ro.peer_down_after = options.peer_down_after;
       ro.peer_dead_after = options.peer_dead_after;

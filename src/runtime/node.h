@@ -34,7 +34,12 @@ struct NodeOptions {
   std::string listen_host = "127.0.0.1";   // control channel bind address
   std::string advertise_host = "127.0.0.1";  // what D is told to connect to
   uint16_t ctrl_port = 0;                  // rank r of a P engine binds ctrl_port + r
-  uint32_t num_workers = 4;                // writes in flight per rank
+  uint32_t num_workers = 4;                // writes (reads, in read mode) in flight per rank
+  KvMode kv_mode = KvMode::kPush;          // push: P writes; read: D reads under a lease
+  Duration lease = Duration::Seconds(30);            // read mode: initial lease (P)
+  Duration lease_extension = Duration::Seconds(20);  // read mode: per heartbeat (P)
+  Duration lease_heartbeat = Duration::Seconds(5);   // read mode: heartbeat interval (D)
+  Duration read_margin = Duration::Seconds(5);       // read mode: no read within this of the end (D)
   Duration abort_timeout = Duration::Seconds(480);
   Duration giveup_grace = Duration::Seconds(60);
   Duration heartbeat = Duration::Seconds(1);

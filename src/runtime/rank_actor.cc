@@ -20,8 +20,11 @@ RankConnectorOptions ConnectorOptions(const RankActorOptions& o) {
   c.role = o.role;
   c.rank = o.rank;
   c.tp = o.tp;
+  c.mode = o.mode;
   c.send = o.send;
   c.load = o.load;
+  c.lease = o.lease;
+  c.read = o.read;
   return c;
 }
 
@@ -147,6 +150,16 @@ std::optional<RankState> RankActor::State() {
         if (const LoadTable* t = conn_.load_table()) {
           s.loads = t->Loads();
           s.load_stats = t->stats();
+        }
+        s.mode = conn_.mode();
+        if (const LeaseTable* t = conn_.lease_table()) {
+          s.leases = t->Leases();
+          s.lease_stats = t->stats();
+          s.tombstones = t->tombstones();
+        }
+        if (const ReadLoadTable* t = conn_.read_table()) {
+          s.loads = t->Loads();
+          s.read_stats = t->stats();
         }
         s.connector_stats = conn_.stats();
         for (const auto& [key, c] : conns_) {
@@ -318,8 +331,12 @@ void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* 
         if (pull->items.empty()) return;
       }
       conn_.OnMessage(d.peer, PeerMessage(std::move(*pull)), now);
+    } else if (auto* lease = std::get_if<LeaseMsg>(&m)) {
+      conn_.OnMessage(d.peer, PeerMessage(*lease), now);
+    } else if (auto* notice = std::get_if<NoticeMsg>(&m)) {
+      conn_.OnMessage(d.peer, PeerMessage(*notice), now);
     } else {
-      ++counters_.malformed;  // an answer sent to a P rank
+      ++counters_.malformed;  // an answer, grant or revoke sent to a P rank
     }
     return;
   }
@@ -341,8 +358,12 @@ void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* 
   }
   if (auto* a = std::get_if<AnswerMsg>(&m)) {
     conn_.OnMessage(conn->peer, PeerMessage(*a), now);
+  } else if (auto* g = std::get_if<GrantMsg>(&m)) {
+    conn_.OnMessage(conn->peer, PeerMessage(std::move(*g)), now);
+  } else if (auto* r = std::get_if<RevokeMsg>(&m)) {
+    conn_.OnMessage(conn->peer, PeerMessage(*r), now);
   } else {
-    ++counters_.malformed;  // a pull sent to a D rank
+    ++counters_.malformed;  // a pull, heartbeat or notice sent to a D rank
   }
 }
 
@@ -526,6 +547,23 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
     conn_.Reconnected(peer, now);
   }
   const bool was_up = c.known && c.state == Conn::kUp && c.peer == peer;
+  if (options_.mode == KvMode::kRead &&
+      (c.source == nullptr || c.registration != hs.registration)) {
+    // Read mode: open P's region for reading (again, if P restarted or the
+    // last read found it broken). Failing that, reads of this P fail.
+    Result<std::unique_ptr<net::Source>> source = transport_->OpenSource(hs.registration, region_);
+    if (source.ok()) {
+      c.source = std::move(*source);
+      c.registration = hs.registration;
+    } else {
+      c.source.reset();
+      LogOnce("rank", "open_source:" + c.endpoint,
+              "rank " + std::to_string(options_.rank) + ": cannot open " + c.endpoint +
+                  "'s KV for reading: " + source.status().ToString());
+    }
+  }
+  c.tp = hs.tp;
+  c.num_blocks = hs.num_blocks;
   c.known = true;
   c.peer = peer;
   c.state = Conn::kUp;
@@ -632,15 +670,20 @@ void RankActor::Pump() {
     while (auto a = conn_.PollAction()) {
       if (auto* out = std::get_if<OutMessage>(&*a)) {
         SendOut(std::move(*out));
+      } else if (auto* read = std::get_if<StartRead>(&*a)) {
+        StartReadJob(std::move(*read));
       } else {
         StartWriteJob(std::move(std::get<StartWrite>(*a)));
       }
     }
-    if (deferred_write_done_.empty()) break;
+    if (deferred_write_done_.empty() && deferred_read_done_.empty()) break;
     const Instant now = MonoNow();
     auto done = std::move(deferred_write_done_);
     deferred_write_done_.clear();
     for (auto& [w, ok] : done) conn_.OnWriteDone(w, ok, now);
+    auto read_done = std::move(deferred_read_done_);
+    deferred_read_done_.clear();
+    for (auto& [r, ok] : read_done) conn_.OnReadDone(r, ok, now);
   }
   if (conn_.HasReport()) {
     RankReport r = conn_.GetFinished();
@@ -663,6 +706,14 @@ void RankActor::Pump() {
       if (it != load_started_.end()) {
         if (sink_.transfer) sink_.transfer((now - it->second).seconds(), d.ok);
         load_started_.erase(it);
+      }
+    }
+    for (const TransferId& t : r.finished_sending) {
+      // Read mode: the lease ended; tcp serves no more reads of it.
+      auto g = read_granted_.find(t);
+      if (g != read_granted_.end()) {
+        region_->read_grants().RevokeAll(t);
+        read_granted_.erase(g);
       }
     }
     for (const RequestId& id : r.released) {
@@ -709,13 +760,110 @@ void RankActor::SendOut(OutMessage out) {
     SendFrame(it->second.sock, nullptr, EncodeWire(*pull));
     return;
   }
-  // P → D: an answer.
+  if (std::holds_alternative<LeaseMsg>(out.msg) || std::holds_alternative<NoticeMsg>(out.msg)) {
+    // D → P, read mode.
+    auto it = conns_.find({out.to.index / kRanksPerEngine, out.to.index % kRanksPerEngine});
+    if (it == conns_.end() || !it->second.known || it->second.peer != out.to) {
+      ++counters_.unroutable;
+      return;
+    }
+    SendFrame(it->second.sock, nullptr,
+              std::holds_alternative<LeaseMsg>(out.msg)
+                  ? EncodeWire(std::get<LeaseMsg>(out.msg))
+                  : EncodeWire(std::get<NoticeMsg>(out.msg)));
+    return;
+  }
+  // P → D: an answer, a grant or a revoke.
   auto it = dpeers_.find(out.to.index);
   if (it == dpeers_.end() || it->second.peer != out.to) {
     ++counters_.unroutable;
     return;
   }
-  SendFrame(router_, &it->second.identity, EncodeWire(std::get<AnswerMsg>(out.msg)));
+  if (auto* g = std::get_if<GrantMsg>(&out.msg)) {
+    if (g->answer == LeaseAnswer::kGranted && read_granted_.count(g->transfer) == 0) {
+      std::vector<uint32_t> blocks;
+      blocks.reserve(g->src.size());
+      for (const BlockId& b : g->src) blocks.push_back(b.index);
+      region_->read_grants().Grant(g->transfer, blocks);
+      read_granted_.emplace(g->transfer, std::move(blocks));
+    }
+    SendFrame(router_, &it->second.identity, EncodeWire(*g));
+  } else if (auto* r = std::get_if<RevokeMsg>(&out.msg)) {
+    SendFrame(router_, &it->second.identity, EncodeWire(*r));
+  } else {
+    SendFrame(router_, &it->second.identity, EncodeWire(std::get<AnswerMsg>(out.msg)));
+  }
+}
+
+namespace {
+// Lets a read run on the WriterPool: the pool moves bytes through a
+// Target; this one pulls them from P's region instead (Source::Read).
+class ReadThroughSource final : public net::Target {
+ public:
+  explicit ReadThroughSource(std::shared_ptr<net::Source> source) : source_(std::move(source)) {}
+  Status Write(TransferId transfer, std::span<const net::Segment> segments) override {
+    return source_->Read(transfer, segments);
+  }
+
+ private:
+  std::shared_ptr<net::Source> source_;
+};
+}  // namespace
+
+void RankActor::StartReadJob(StartRead r) {
+  auto it = conns_.find({r.peer.index / kRanksPerEngine, r.peer.index % kRanksPerEngine});
+  if (it == conns_.end() || !it->second.known || it->second.peer != r.peer ||
+      it->second.source == nullptr) {
+    deferred_read_done_.emplace_back(r.read, false);  // gone, or not readable
+    return;
+  }
+  const Conn& c = it->second;
+  // P's block ids come from the peer: check them before planning.
+  bool valid = r.src.size() == r.dst.size() && !r.dst.empty();
+  for (size_t i = 0; valid && i < r.dst.size(); ++i) {
+    valid = r.src[i].index < c.num_blocks && r.dst[i].index < options_.num_blocks;
+  }
+  if (!valid) {
+    ++counters_.malformed;
+    LogOnce("rank", "bad_src", "rank " + std::to_string(options_.rank) +
+                                   ": a grant named blocks outside P's pool (or a different "
+                                   "count than the load); failing its read");
+    deferred_read_done_.emplace_back(r.read, false);
+    return;
+  }
+  WriteJob job;
+  job.target = std::make_shared<ReadThroughSource>(c.source);
+  job.transfer = r.transfer;
+  // Planned as P would write it: src offsets in P's region, dst in ours.
+  job.segments = net::PlanWrite(options_.shape, c.tp, c.rank, c.num_blocks, options_.tp,
+                                options_.rank, options_.num_blocks, r.src, r.dst);
+  for (const net::Segment& seg : job.segments) job.bytes += seg.bytes;
+  job.deadline = r.deadline;
+  const ReadId id = r.read;
+  const uint64_t bytes = job.bytes;
+  const std::pair<uint32_t, uint32_t> key{c.engine, c.rank};
+  job.done = [this, id, bytes, key](const Status& s) {
+    if (s.ok()) {
+      ++counters_.reads_ok;
+      counters_.bytes_read += bytes;
+    } else {
+      ++counters_.reads_failed;
+      LogOnce("rank", "read:" + std::string(StatusCodeName(s.code())),
+              "rank " + std::to_string(options_.rank) + ": a read failed: " + s.ToString());
+    }
+    const bool ok = s.ok();
+    const bool broken = s.code() == StatusCode::kUnavailable;
+    inbox_.Post([this, id, ok, broken, key] {
+      deferred_read_done_.emplace_back(id, ok);
+      // A source that lost its P stays failed: reopen on the next handshake.
+      auto conn = conns_.find(key);
+      if (broken && conn != conns_.end()) {
+        conn->second.source.reset();
+        conn->second.registration.clear();
+      }
+    });
+  };
+  if (!writers_->Submit(std::move(job))) deferred_read_done_.emplace_back(id, false);
 }
 
 void RankActor::StartWriteJob(StartWrite w) {

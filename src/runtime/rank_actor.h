@@ -24,6 +24,14 @@
 // `peer_dead_after` declares it gone (PeerGone: its loads fail now, and
 // recompute or fail by policy, instead of waiting out the timeout).
 //
+// Read mode (`mode` kRead): the same actor drives a LeaseTable (P) and a
+// ReadLoadTable (D) instead: D's heartbeats and notices go out on its
+// DEALERs, P's grants and revokes on its ROUTER; D opens P's region for
+// reading (net::Source) from the registration in P's handshake reply and
+// runs StartRead jobs on the same worker pool; P grants the blocks of each
+// lease for reading in its region's ReadGrantTable (tcp serves reads only
+// inside it) and revokes them when the lease ends.
+//
 // Access control: D grants a load's destination blocks to its transfer in
 // its region's GrantTable when it sends the pull and revokes them when the
 // load ends or is released (tcp's receiver refuses anything else). P only
@@ -85,8 +93,11 @@ struct RankActorOptions {
   uint32_t num_blocks = 0;
   std::string listen_host = "127.0.0.1";
   uint16_t ctrl_port = 0;              // P: this rank binds ctrl_port + rank
+  KvMode mode = KvMode::kPush;
   SendTableOptions send;
   LoadTableOptions load;
+  LeaseTableOptions lease;     // read mode, P
+  ReadLoadTableOptions read;   // read mode, D
   WireLimits limits;
   Duration heartbeat = Duration::Seconds(1);
   Duration peer_down_after = Duration::Seconds(3);
@@ -107,6 +118,7 @@ struct RankCounters {
   std::atomic<uint64_t> handshakes{0};
   std::atomic<uint64_t> peers_down{0}, peers_gone{0}, reconnects{0};
   std::atomic<uint64_t> writes_ok{0}, writes_failed{0}, bytes_written{0};
+  std::atomic<uint64_t> reads_ok{0}, reads_failed{0}, bytes_read{0};  // read mode, D
   std::atomic<uint64_t> pulls_sent{0}, answers_received{0};
   // Access control. auth_failed: handshakes refused because their MAC did
   // not check, their echo redeemed no challenge, or one side has a token
@@ -145,6 +157,11 @@ struct RankState {
   std::vector<PeerView> peers;
   SendTableStats send_stats;
   LoadTableStats load_stats;
+  // Read mode: P's leases and D's read-load counters.
+  std::vector<LeaseView> leases;
+  LeaseTableStats lease_stats;
+  ReadLoadTableStats read_stats;
+  KvMode mode = KvMode::kPush;
   RankConnectorStats connector_stats;
   uint32_t writes_in_flight = 0;
   size_t queued_for_sender = 0;
@@ -182,6 +199,10 @@ class RankActor {
     enum State : uint8_t { kConnecting, kUp, kDown, kGone } state = kConnecting;
     Instant last_heard;
     HandshakeNonce peer_nonce{};  // P's latest challenge, echoed in our next hello
+    // Read mode: P's region, opened for reading from ours on its handshake.
+    uint32_t tp = 1, num_blocks = 0;
+    std::vector<uint8_t> registration;
+    std::shared_ptr<net::Source> source;
   };
   struct DPeer {  // P: one D rank that handshook
     std::string identity;
@@ -206,6 +227,7 @@ class RankActor {
   void Pump();
   void SendOut(OutMessage out);
   void StartWriteJob(StartWrite w);
+  void StartReadJob(StartRead r);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
   void NotifyKnown() EXCLUDES(known_mu_);
   bool SendFrame(void* sock, const std::string* identity, const std::vector<uint8_t>& frame);
@@ -238,6 +260,10 @@ class RankActor {
   };
   std::map<std::pair<TransferId, uint64_t>, PullSent> pull_sent_;  // (transfer, seq)
   std::vector<std::pair<WriteId, bool>> deferred_write_done_;
+  std::vector<std::pair<ReadId, bool>> deferred_read_done_;
+  // P, read mode: the blocks each transfer's granted readers may read (tcp
+  // serves reads only inside these; revoked when the lease ends).
+  std::unordered_map<TransferId, std::vector<uint32_t>> read_granted_;
   Instant next_heartbeat_;
   ChallengeBook challenges_{4096, 4};  // keyed by D identity (P) / P endpoint (D)
 

@@ -233,6 +233,7 @@ void EngineServer::Impl::Routes() {
                          {"kv_host", options.node.advertise_host},
                          {"kv_port", options.node.ctrl_port},
                          {"transport", net::TransportName(options.node.transport)},
+                         {"kv_mode", KvModeName(options.node.kv_mode)},
                          {"model", options.model_name},
                          {"model_shape", eo.shape.name},
                          {"max_context", eo.shape.max_context}}
@@ -536,6 +537,7 @@ json EngineServer::Impl::DebugState() {
   j["role"] = RoleName(eo.role);
   j["tp"] = eo.tp;
   j["transport"] = net::TransportName(options.node.transport);
+  j["kv_mode"] = KvModeName(options.node.kv_mode);
   auto snap = engine().Query([](const engine::Engine& e) {
     return std::make_pair(e.Snapshot(), e.Idle());
   });
@@ -597,8 +599,26 @@ json EngineServer::Impl::DebugState() {
                            {"state", pv.state},
                            {"silent_s", pv.silent_s}});
     }
-    if (!st->sends.empty() || !st->loads.empty()) idle = false;
+    json leases = json::array();
+    for (const LeaseView& l : st->leases) {
+      // Read mode: held_s is how long P has held (or waited for) the KV;
+      // until_s how long the lease still runs (P frees by then at the latest).
+      leases.push_back(json{{"transfer", l.transfer.ToString()},
+                            {"state", LeaseStateName(l.state)},
+                            {"held_s", (st->now - l.created).seconds()},
+                            {"until_s", l.state == LeaseState::kWaiting
+                                            ? 0.0
+                                            : (l.until - st->now).seconds()},
+                            {"need", l.need},
+                            {"readers", l.readers},
+                            {"done", l.done},
+                            {"unfinished", l.unfinished},
+                            {"blocks", l.blocks}});
+    }
+    if (!st->sends.empty() || !st->loads.empty() || !st->leases.empty()) idle = false;
     ranks.push_back(json{{"rank", st->rank},
+                         {"leases", leases},
+                         {"lease_max_hold_s", st->lease_stats.max_hold_ns / 1e9},
                          {"sends", sends},
                          {"loads", loads},
                          {"peers", peers},
