@@ -10,8 +10,18 @@ using nlohmann::json;
 json Good() {
   return json{{"engine_id", 18100},  {"incarnation", 603511826}, {"role", "prefill"},
               {"tp", 2},             {"kv_host", "127.0.0.1"},    {"kv_port", 19100},
-              {"transport", "shm"},  {"model", "kvrelay-tiny"},   {"model_shape", "tiny"},
-              {"max_context", 1024}};
+              {"transport", "shm"},  {"kv_mode", "read"},         {"model", "kvrelay-tiny"},
+              {"model_shape", "tiny"}, {"max_context", 1024}};
+}
+
+TEST(EngineInfoTest, KvModeIsPushWhenAbsentAndOnlyPushOrRead) {
+  json j = Good();
+  j.erase("kv_mode");  // an engine from before read mode
+  Result<EngineInfo> info = ParseEngineInfo(j.dump());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->kv_mode, "push");
+  j["kv_mode"] = "pull";
+  EXPECT_FALSE(ParseEngineInfo(j.dump()).ok());
 }
 
 TEST(EngineInfoTest, ParsesKvInfoAndWritesItBack) {
@@ -21,6 +31,7 @@ TEST(EngineInfoTest, ParsesKvInfoAndWritesItBack) {
   EXPECT_EQ(info->tp, 2u);
   EXPECT_EQ(info->kv_host, "127.0.0.1");
   EXPECT_EQ(info->kv_port, 19100);
+  EXPECT_EQ(info->kv_mode, "read");
   EXPECT_EQ(info->ToJson(), Good());
 }
 
