@@ -301,6 +301,33 @@ void Simulator::BeginRead(uint32_t e, uint32_t r, StartRead read) {
               " started at or after its lease deadline");
     return;
   }
+  // D's lease view (the deadline plus the read margin) is a lower bound of
+  // P's expiry (lease_table.h): the P rank read from must hold a lease for
+  // the transfer that runs at least that long — checked when the read
+  // starts, not only if P happens to free the blocks before it lands. (A
+  // dead P incarnation's lease died with it; that read fails unlanded.)
+  const uint32_t pe = read.peer.index / kRanksPerEngineSlot;
+  const uint32_t pr = read.peer.index % kRanksPerEngineSlot;
+  if (nodes_[pe].incarnation == read.peer.generation) {
+    const Instant view = read.deadline + params_.read_margin;
+    std::optional<Instant> until;
+    for (const LeaseView& v : nodes_[pe].ranks[pr]->lease_table()->Leases()) {
+      if (v.transfer == read.transfer) until = v.until;
+    }
+    if (!until || view > *until) {
+      char what[96];
+      if (until) {
+        std::snprintf(what, sizeof what, "ends at %.6f s, after P's lease (%.6f s)",
+                      view.seconds(), until->seconds());
+      } else {
+        std::snprintf(what, sizeof what, "ends at %.6f s, but P holds no lease for it",
+                      view.seconds());
+      }
+      Violation("read for transfer " + read.transfer.ToString() + " started: D's lease view " +
+                what);
+      return;
+    }
+  }
   const uint32_t slot = TakeSlot(reads_, free_reads_);
   Read& rd = reads_[slot];
   rd.used = true;
