@@ -8,6 +8,7 @@
 // one thread per connection are stopped and joined by the destructor.
 #pragma once
 
+#include "base/mutex.h"
 #include "net/tcp_stream.h"
 
 namespace kvrelay::net::tcp {
@@ -24,7 +25,7 @@ class TcpRegion final : public Region {
   ~TcpRegion() override {
     if (accept_thread_.joinable()) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = true;
       }
       const uint64_t one = 1;
@@ -34,7 +35,7 @@ class TcpRegion final : public Region {
       accept_thread_.join();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (Conn& c : conns_) {
         if (c.fd >= 0) shutdown(c.fd, SHUT_RDWR);
       }
@@ -116,7 +117,7 @@ class TcpRegion final : public Region {
     uint64_t bytes;
   };
 
-  void AcceptLoop() {
+  void AcceptLoop() EXCLUDES(mu_) {
     while (true) {
       pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       if (poll(fds, 2, -1) < 0) {
@@ -139,7 +140,7 @@ class TcpRegion final : public Region {
       // Send timeout and buffer too: a read streams a payload to a peer
       // that may stall.
       SetStreamOptions(fd);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) {
         close(fd);
         return;
@@ -160,8 +161,8 @@ class TcpRegion final : public Region {
     }
   }
 
-  // Joins the threads of finished connections. REQUIRES: mu_ held.
-  void ReapLocked() {
+  // Joins the threads of finished connections.
+  void ReapLocked() REQUIRES(mu_) {
     for (auto it = conns_.begin(); it != conns_.end();) {
       if (it->done) {
         it->thread.join();  // it has set done and only returns now
@@ -172,13 +173,13 @@ class TcpRegion final : public Region {
     }
   }
 
-  void Serve(Conn& c, int fd) {
+  void Serve(Conn& c, int fd) EXCLUDES(mu_) {
     std::vector<uint8_t> table;
     std::vector<FrameSegment> segments;
     std::vector<uint8_t> scratch;
     while (ServeFrame(fd, table, segments, scratch)) {
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     close(fd);
     c.fd = -1;
     c.done = true;
@@ -319,9 +320,9 @@ class TcpRegion final : public Region {
   int wake_fd_ = -1;
   std::thread accept_thread_;
 
-  std::mutex mu_;
-  bool stopping_ = false;   // guarded by mu_
-  std::list<Conn> conns_;   // guarded by mu_ (list: entries stay put)
+  Mutex mu_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::list<Conn> conns_ GUARDED_BY(mu_);  // a list: entries stay put
 };
 
 

@@ -16,12 +16,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/mutex.h"
 
 namespace kvrelay::net {
 namespace {
@@ -88,19 +87,19 @@ class UcxCore {
   // if `deadline` passed first (some are still pending). Does not free them.
   // REQUIRES: `mu` not held.
   bool WaitRequests(const std::vector<void*>& requests, Clock::time_point deadline,
-                    ucs_status_t* status);
+                    ucs_status_t* status) EXCLUDES(mu, epoch_mu_);
 
   // Frees request handles (completed or not; UCX frees a pending one when it
   // completes). REQUIRES: `mu` not held.
-  void FreeRequests(const std::vector<void*>& requests);
+  void FreeRequests(const std::vector<void*>& requests) EXCLUDES(mu);
 
   // Keeps [addr, addr+bytes) reserved until teardown and returns its pages.
-  void RetireRange(void* addr, size_t bytes);
+  void RetireRange(void* addr, size_t bytes) EXCLUDES(retired_mu_);
   // Keeps the state of an endpoint whose close did not finish until the
   // worker is destroyed (its error callback may still run until then).
-  void AdoptOrphan(std::unique_ptr<EpState> state);
+  void AdoptOrphan(std::unique_ptr<EpState> state) EXCLUDES(retired_mu_);
 
-  std::mutex mu;  // guards every call on worker/context below
+  Mutex mu;  // guards every call on worker/context below
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::vector<uint8_t> worker_address;
@@ -108,9 +107,9 @@ class UcxCore {
 
  private:
   UcxCore() = default;
-  void ProgressLoop();
+  void ProgressLoop() EXCLUDES(mu);
   // Called by the progress thread after a round that made progress.
-  void NoteProgress();
+  void NoteProgress() EXCLUDES(epoch_mu_);
 
   int efd_ = -1;  // -1: UCX gave no event fd; the loop polls on a timeout
   std::atomic<bool> stop_{false};
@@ -118,13 +117,13 @@ class UcxCore {
 
   // Wakes writers blocked in WaitRequests when the progress thread made
   // progress (so a writer need not spin for a slow tcp peer).
-  std::mutex epoch_mu_;
-  std::condition_variable epoch_cv_;
-  uint64_t epoch_ = 0;  // guarded by epoch_mu_
+  Mutex epoch_mu_;
+  CondVar epoch_cv_;
+  uint64_t epoch_ GUARDED_BY(epoch_mu_) = 0;
 
-  std::mutex retired_mu_;
-  std::vector<std::pair<void*, size_t>> retired_;  // guarded by retired_mu_
-  std::vector<std::unique_ptr<EpState>> orphans_;   // guarded by retired_mu_
+  Mutex retired_mu_;
+  std::vector<std::pair<void*, size_t>> retired_ GUARDED_BY(retired_mu_);
+  std::vector<std::unique_ptr<EpState>> orphans_ GUARDED_BY(retired_mu_);
 };
 
 Result<std::shared_ptr<UcxCore>> UcxCore::Create(const TransportOptions& options) {
@@ -199,7 +198,7 @@ void UcxCore::ProgressLoop() {
     unsigned progressed = 0;
     ucs_status_t armed = UCS_ERR_UNSUPPORTED;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       int burst = 0;
       unsigned n = 0;
       while (burst < kProgressBurst && (n = ucp_worker_progress(worker)) != 0) {
@@ -227,10 +226,10 @@ void UcxCore::ProgressLoop() {
 
 void UcxCore::NoteProgress() {
   {
-    std::lock_guard<std::mutex> lock(epoch_mu_);
+    MutexLock lock(&epoch_mu_);
     ++epoch_;
   }
-  epoch_cv_.notify_all();
+  epoch_cv_.NotifyAll();
 }
 
 bool UcxCore::WaitRequests(const std::vector<void*>& requests, Clock::time_point deadline,
@@ -242,12 +241,12 @@ bool UcxCore::WaitRequests(const std::vector<void*>& requests, Clock::time_point
   for (;;) {
     uint64_t epoch_seen;
     {
-      std::lock_guard<std::mutex> lock(epoch_mu_);
+      MutexLock lock(&epoch_mu_);
       epoch_seen = epoch_;
     }
     unsigned progressed;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       progressed = ucp_worker_progress(worker);
       while (next < requests.size()) {
         ucs_status_t st = ucp_request_check_status(requests[next]);
@@ -268,18 +267,19 @@ bool UcxCore::WaitRequests(const std::vector<void*>& requests, Clock::time_point
     }
     // Nothing to do here for a while: let the progress thread (woken by the
     // worker's efd) drive, and come back when it made progress.
-    std::unique_lock<std::mutex> lock(epoch_mu_);
-    epoch_cv_.wait_for(lock, kWriterBlockBound, [&] { return epoch_ != epoch_seen; });
+    MutexLock lock(&epoch_mu_);
+    epoch_cv_.WaitFor(&epoch_mu_, kWriterBlockBound,
+                      [&]() REQUIRES(epoch_mu_) { return epoch_ != epoch_seen; });
   }
 }
 
 void UcxCore::AdoptOrphan(std::unique_ptr<EpState> state) {
-  std::lock_guard<std::mutex> lock(retired_mu_);
+  MutexLock lock(&retired_mu_);
   orphans_.push_back(std::move(state));
 }
 
 void UcxCore::FreeRequests(const std::vector<void*>& requests) {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   for (void* r : requests) ucp_request_free(r);
 }
 
@@ -287,7 +287,7 @@ void UcxCore::RetireRange(void* addr, size_t bytes) {
   // Private anonymous memory: DONTNEED drops the pages; the range stays
   // ours and reads as zeros.
   madvise(addr, bytes, MADV_DONTNEED);
-  std::lock_guard<std::mutex> lock(retired_mu_);
+  MutexLock lock(&retired_mu_);
   retired_.emplace_back(addr, bytes);
 }
 
@@ -308,7 +308,7 @@ struct Mapping {
 
   ~Mapping() {
     if (memh != nullptr) {
-      std::lock_guard<std::mutex> lock(core->mu);
+      MutexLock lock(&core->mu);
       ucp_mem_unmap(core->context, memh);
     }
     if (base != nullptr) core->RetireRange(base, mapped_bytes);
@@ -465,8 +465,7 @@ Status DecodeRegistration(std::span<const uint8_t> in, Registration* r) {
 
 // Closes `ep`, waiting a bounded time; false if the close had not finished
 // by then (UCX completes it later, or the worker's destruction ends it).
-// REQUIRES: core.mu not held.
-bool CloseEp(UcxCore& core, ucp_ep_h ep) {
+bool CloseEp(UcxCore& core, ucp_ep_h ep) EXCLUDES(core.mu) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // Every Write flushed before returning, so a flush close has nothing to
@@ -476,7 +475,7 @@ bool CloseEp(UcxCore& core, ucp_ep_h ep) {
   param.flags = 0;
   void* req;
   {
-    std::lock_guard<std::mutex> lock(core.mu);
+    MutexLock lock(&core.mu);
     req = ucp_ep_close_nbx(ep, &param);
   }
   if (req == nullptr || UCS_PTR_IS_ERR(req)) return true;
@@ -542,7 +541,7 @@ class UcxEndpoint {
 
   ~UcxEndpoint() {
     if (rkey_ != nullptr) {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       ucp_rkey_destroy(rkey_);
     }
     if (ep_ != nullptr && !CloseEp(*core_, ep_)) core_->AdoptOrphan(std::move(ep_state_));
@@ -560,7 +559,7 @@ class UcxEndpoint {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &UcxEndpoint::OnEpError;
     params.err_handler.arg = ep_state_.get();
-    std::lock_guard<std::mutex> lock(core_->mu);
+    MutexLock lock(&core_->mu);
     ucs_status_t st = ucp_ep_create(core_->worker, &params, &ep_);
     if (st != UCS_OK) {
       ep_ = nullptr;
@@ -580,7 +579,7 @@ class UcxEndpoint {
     FILE* f = open_memstream(&buf, &len);
     if (f == nullptr) return {};
     {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       ucp_ep_print_info(ep_, f);
     }
     fclose(f);
@@ -624,7 +623,7 @@ class UcxEndpoint {
     requests.reserve(segments.size() + 1);
     ucs_status_t issue_error = UCS_OK;
     {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
       param.memh = local_->memh;
@@ -680,7 +679,7 @@ class UcxEndpoint {
     auto buffer = std::make_unique<uint64_t>(0);
     ucs_status_ptr_t r;
     {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       ucp_request_param_t param{};
       r = ucp_get_nbx(ep_, buffer.get(), sizeof(uint64_t),
                       remote_address_ + LivenessOffset(remote_bytes_), rkey_, &param);
@@ -812,7 +811,7 @@ class UcxTransport final : public Transport {
     std::string failed;  // which UCX call failed, if one did
     ucs_status_t st = UCS_OK;
     {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      MutexLock lock(&core_->mu);
       ucp_mem_map_params_t mp{};
       mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_PROT;
