@@ -424,8 +424,20 @@ LoadReport RunLoad(const LoadOptions& o) {
         if (in_flight[i]) some_ids.push_back(RequestIdOf(o, i));
       }
       std::vector<std::thread> ts;
+      // On "all", D engines get the call first and P engines 20 ms later,
+      // as the simulator's matrix does and an operator pausing a fleet
+      // should (docs/operations.md): a wait-mode pause on P admits nothing
+      // new, so if P paused first, a request whose P leg P holds but whose
+      // D leg D had admitted would keep D's drain waiting for KV that
+      // cannot come before wake_up.
+      const bool both = c.target == "all" && !p_engines.empty() && !d_engines.empty();
+      const auto p_lag = std::chrono::milliseconds(both ? 20 : 0);
       for (const std::string& e : targets) {
-        ts.emplace_back([&, e] {
+        const bool is_p = std::find(p_engines.begin(), p_engines.end(), e) != p_engines.end();
+        const bool is_d = std::find(d_engines.begin(), d_engines.end(), e) != d_engines.end();
+        const auto lag = is_p && !is_d ? p_lag : std::chrono::milliseconds(0);
+        ts.emplace_back([&, e, lag] {
+          std::this_thread::sleep_for(lag);
           ControlOutcome r = Call(e, o.auth_token, c.call, c.params, Since(t0), some_ids);
           r.call = label;
           MutexLock lock(&controls_mu);
