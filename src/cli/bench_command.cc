@@ -5,6 +5,7 @@
 #include "bench/load_gen.h"
 #include "cli/commands.h"
 #include "cli/transfer_bench.h"
+#include "cli/ttft_bench.h"
 #include "runtime/auth_token.h"
 
 namespace kvrelay::cli {
@@ -63,6 +64,7 @@ void RegisterBench(CLI::App& app) {
   });
   RegisterLoadOptions(bench);
   RegisterTransferBench(bench);
+  RegisterTtftBench(bench);
 }
 
 void RegisterTransferBench(CLI::App* bench) {
@@ -98,6 +100,10 @@ void RegisterTransferBench(CLI::App* bench) {
                   "per transport: abort a P leg under the demo's load and time D's answer "
                   "(0: skip)")
       ->capture_default_str();
+  cmd->add_option("--inline-write-kib", o->inline_write_kib,
+                  "the engines' --inline-write-kib (shm writes this small skip the worker "
+                  "hand-off; -1: their default)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 20));
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for kvrelay and the UCX baseline");
@@ -109,6 +115,72 @@ void RegisterTransferBench(CLI::App* bench) {
     if (Status s = RunTransferBench(*o); !s.ok()) {
       std::fprintf(stderr, "bench transfer: %s\n", s.ToString().c_str());
       SetExitCode(1);
+    }
+  });
+}
+
+void RegisterTtftBench(CLI::App* bench) {
+  auto o = std::make_shared<TtftBenchOptions>();
+  auto* cmd = bench->add_subcommand(
+      "ttft",
+      "What the P/D hand-off adds to time to first token: the same prompts on a plain engine "
+      "and through the router to P and D, one at a time, against the transfer time the "
+      "bandwidth measured in the same run predicts (issue 8's end-to-end target)");
+  cmd->footer(
+      "Definitions. TTFT: request sent -> first streamed token, at the client, p50 over "
+      "--samples fresh random prompts per length; each prompt goes to the plain engine and "
+      "through the router (alternating which first), with every engine idle before each "
+      "request. difference = P/D p50 - plain p50: P's prefill runs on P as the plain engine's "
+      "runs on it, so the difference is the hand-off: the router and its two legs, D's "
+      "admission and pull, the wait for P's Ready, the transfer, D's step on the loaded KV "
+      "and the relay back. bandwidth = the prompt's KV bytes / p50 of D's pull->answer time "
+      "for transfers of that very KV size pulled once P had finished (as bench transfer "
+      "measures it), on the same engines in the same run. predicted transfer time = KV bytes "
+      "/ bandwidth. ratio = difference / predicted; [MET] when ratio <= --target. Every P/D "
+      "request must be served by a transfer (D's pull answered ok with the prompt's blocks) "
+      "and every output is checked against the model; else the run fails. A missed target "
+      "is not a failure (exit 0).");
+  cmd->add_option("--transport", o->transport, "data plane: shm | tcp | ucx")
+      ->capture_default_str();
+  cmd->add_option("--model-shape", o->shape, "model shape of the KV (tiny | small | 8b)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "prompt lengths, in tokens")
+      ->capture_default_str();
+  cmd->add_option("--samples,-n", o->samples, "prompts per length (each on both paths)")
+      ->capture_default_str();
+  cmd->add_option("--warmup", o->warmup,
+                  "untimed prompts of the largest length per path first (first touches of "
+                  "every pool, connections)")
+      ->capture_default_str();
+  cmd->add_option("--step-base-us", o->step_base_us,
+                  "modelled step time of every engine: fixed part (serve's default)")
+      ->capture_default_str();
+  cmd->add_option("--step-per-token-us", o->step_per_token_us,
+                  "modelled step time of every engine: per token computed (serve's default)")
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
+                  "token budget per step of every engine (a longer prompt prefills in chunks)")
+      ->capture_default_str();
+  cmd->add_option("--pool-blocks", o->pool_blocks,
+                  "KV blocks in every engine's pool (0: the largest prompt's blocks + 16)")
+      ->capture_default_str();
+  cmd->add_option("--target", o->target_ratio,
+                  "the target: difference / predicted transfer time at most this")
+      ->capture_default_str();
+  cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
+      ->capture_default_str();
+  cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS");
+  cmd->add_option("--request-timeout-s", o->request_timeout_s, "a request hung longer fails")
+      ->capture_default_str();
+  cmd->add_option("--logs", o->logs, "folder for the engines' and router's logs")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json_path,
+                  "write the figures and every sample as JSON to this file (- for stdout)");
+  cmd->add_option("--seed", o->seed, "seed for the prompts")->capture_default_str();
+  cmd->callback([o] {
+    if (Status s = RunTtftBench(*o); !s.ok()) {
+      std::fprintf(stderr, "bench ttft: %s\n", s.ToString().c_str());
+      SetExitCode(s.code() == StatusCode::kInvalidArgument ? 2 : 1);
     }
   });
 }

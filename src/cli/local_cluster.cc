@@ -89,7 +89,8 @@ Status LocalCluster::Start(const ClusterOptions& o) {
       a.push_back(o.auth_token_file);
     }
     const std::string url = "http://127.0.0.1:" + std::to_string(port);
-    (role[0] == 'p' ? p_urls_ : d_urls_).push_back(url);
+    const std::string r = role;
+    (r == "prefill" ? p_urls_ : r == "decode" ? d_urls_ : plain_urls_).push_back(url);
     return start(std::string(role) + std::to_string(index), a, url);
   };
   for (uint32_t i = 0; i < o.num_p; ++i) {
@@ -97,6 +98,9 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   }
   for (uint32_t i = 0; i < o.num_d; ++i) {
     if (Status s = engine("decode", i, o.d_tp); !s.ok()) return s;
+  }
+  for (uint32_t i = 0; i < o.num_plain; ++i) {
+    if (Status s = engine("plain", i, 1); !s.ok()) return s;
   }
   const uint16_t rport = FreePort();
   router_url_ = "http://127.0.0.1:" + std::to_string(rport);

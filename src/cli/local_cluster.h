@@ -1,6 +1,7 @@
 // local_cluster.h — LocalCluster: P engines, D engines and a router on
 // loopback as child processes of this one (`demo`, `matrix`), each logging
-// to a file in one folder.
+// to a file in one folder; optionally plain engines beside them (no
+// transfer, not behind the router: `bench ttft`'s reference).
 //
 // Thread safety: one owner thread.
 #pragma once
@@ -21,6 +22,7 @@ struct ClusterOptions {
   std::string transport = "shm";
   std::string shape = "tiny";
   uint32_t num_p = 1, num_d = 1;
+  uint32_t num_plain = 0;           // `serve --role plain` engines, not behind the router
   uint32_t p_tp = 1, d_tp = 1;
   uint32_t num_blocks = 0;          // 0: serve's default
   double step_per_token_us = 20;
@@ -49,6 +51,7 @@ class LocalCluster {
   const std::string& router_url() const { return router_url_; }
   const std::vector<std::string>& p_urls() const { return p_urls_; }
   const std::vector<std::string>& d_urls() const { return d_urls_; }
+  const std::vector<std::string>& plain_urls() const { return plain_urls_; }
 
  private:
   struct Proc {
@@ -60,7 +63,7 @@ class LocalCluster {
   Proc* Find(const std::string& name);
   std::vector<Proc> procs_;
   std::string router_url_;
-  std::vector<std::string> p_urls_, d_urls_;
+  std::vector<std::string> p_urls_, d_urls_, plain_urls_;
 };
 
 // A loopback port free now (and the `span - 1` after it, as far as bind says).

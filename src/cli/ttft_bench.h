@@ -1,0 +1,59 @@
+// ttft_bench.h — `kvrelay bench ttft`: what the P/D hand-off adds to time to
+// first token, against a plain engine, in one run (issue 8's end-to-end
+// target: P/D TTFT − plain TTFT ≤ 1.25 × the transfer time the measured
+// bandwidth predicts, for prompts of 1K and 8K tokens).
+//
+// It starts, as `kvrelay serve` children on loopback, a plain engine (no
+// transfer), a P, a D and the router over P and D, all with the same model
+// shape, pool, token budget and modelled step time. For each prompt length
+// it sends N fresh random prompts one at a time (every engine idle before
+// each request, nothing else running), each twice: streamed to the plain
+// engine and streamed through the router, in alternating order; TTFT is
+// request sent → first streamed token, at the client. Between them, with a
+// fresh prompt of the same length, it sends a P leg and, once P answered,
+// the D leg (as `bench transfer` does) and reads D's pull→answer time: the
+// bandwidth of this KV size on this transport, in the same run.
+// CompareTtft (src/bench/ttft_compare.h) turns the samples into figures.
+//
+// Every P/D request must have been served by a transfer: D's pull log must
+// show exactly one answer `ok` for it with the prompt's blocks, and every
+// output is checked against the model; otherwise the run fails (a D that
+// recomputed would measure something else).
+//
+// Threading: the calling thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kvrelay::cli {
+
+struct TtftBenchOptions {
+  std::string transport = "shm";
+  std::string shape = "8b";
+  std::vector<uint32_t> prompt_tokens = {1024, 8192};
+  uint32_t samples = 20;                 // prompts per length
+  uint32_t warmup = 2;                   // untimed largest prompts per path
+  double step_base_us = 500;             // serve's defaults
+  double step_per_token_us = 20;
+  uint32_t max_batch_tokens = 8192;      // serve's default for 8b
+  uint32_t pool_blocks = 0;              // 0: the largest prompt's blocks + 16
+  double target_ratio = 1.25;
+  uint32_t tcp_streams = 4;
+  std::string ucx_tls;
+  double request_timeout_s = 120;
+  std::string logs = "/tmp/kvrelay-bench-ttft";
+  std::string json_path;                 // "-" for stdout
+  uint64_t seed = 1;
+};
+
+// Runs the bench, prints progress and the table to stdout. Errors: bad
+// options (kInvalidArgument), the cluster could not run, a request failed
+// or was not served by a transfer. A target missed is not an error; it is
+// printed as [MISSED].
+Status RunTtftBench(const TtftBenchOptions& options);
+
+}  // namespace kvrelay::cli
