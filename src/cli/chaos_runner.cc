@@ -78,6 +78,7 @@ double MeasureRecovery(const std::string& router, const std::string& d_url, bool
   engine::ModelShape shape;
   engine::ModelShapeByName("tiny", &shape);
   httplib::Client cli(router);
+  cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(1);
   cli.set_read_timeout(10);
   bool served = false;

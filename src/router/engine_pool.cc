@@ -17,6 +17,7 @@ using runtime::Log;
 Result<EngineInfo> FetchEngineInfo(const std::string& url, Duration timeout) {
   httplib::Client c(url);
   c.set_keep_alive(false);
+  c.set_tcp_nodelay(true);  // no 40 ms Nagle wait between head and body
   c.set_connection_timeout(std::chrono::nanoseconds(timeout.ns()));
   c.set_read_timeout(std::chrono::nanoseconds(timeout.ns()));
   c.set_write_timeout(std::chrono::nanoseconds(timeout.ns()));

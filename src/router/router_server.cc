@@ -77,6 +77,10 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterOptions& o
   impl->http.new_task_queue = [threads] { return new GrowingThreadPool(threads); };
   impl->http.set_payload_max_length(options.max_body_bytes);
   impl->http.set_keep_alive_max_count(1000);
+  // Nagle off: httplib sends a head and a body (a response's chunks) in
+  // separate send()s, and with Nagle on the second waits for the peer's
+  // delayed ACK — 40 ms on Linux (docs/performance.md).
+  impl->http.set_tcp_nodelay(true);
   // A real backlog: Debian's cpp-httplib listens with 5 (server/http_listen.h).
   const int port = server::BindWithBacklog(impl->http, options.host, options.port);
   if (port <= 0) {
@@ -182,6 +186,7 @@ void RouterServer::Impl::Models(httplib::Response& res) {
   std::optional<std::string> url = pool->AnyDecodeUrl();
   if (!url) return SendError(res, 503, "no decode engine is up", "server_error");
   httplib::Client c(*url);
+  c.set_tcp_nodelay(true);  // no 40 ms Nagle wait between head and body
   const auto timeout = std::chrono::nanoseconds(options.relay.upstream.connect_timeout.ns());
   c.set_connection_timeout(timeout);
   c.set_read_timeout(timeout);

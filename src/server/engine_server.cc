@@ -166,6 +166,10 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl->http.set_payload_max_length(options.max_body_bytes);
   impl->http.set_keep_alive_max_count(1000);
+  // Nagle off: httplib sends a head and a body (a response's chunks) in
+  // separate send()s, and with Nagle on the second waits for the peer's
+  // delayed ACK — 40 ms on Linux (docs/performance.md).
+  impl->http.set_tcp_nodelay(true);
   const int port = BindWithBacklog(impl->http, options.http_host, options.http_port);
   if (port <= 0) {
     impl->node->Shutdown(Duration::Zero());

@@ -175,6 +175,7 @@ HttpReply FromResult(const httplib::Result& r, Clock::time_point t0) {
 
 std::unique_ptr<httplib::Client> ClientFor(uint16_t port, std::chrono::milliseconds timeout) {
   auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+  c->set_tcp_nodelay(true);  // else a POST's body waits 40 ms for a delayed ACK
   c->set_connection_timeout(5, 0);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
   c->set_read_timeout(us / 1'000'000, us % 1'000'000);
