@@ -3,8 +3,8 @@
 //
 // The helper process is forked after the transfer list is built, so it
 // knows every segment without a protocol: the stream carries payload bytes
-// only and one byte of acknowledgement per transfer — the least a transfer
-// over that mechanism can cost. After the last transfer the helper hashes
+// only and one byte of acknowledgement per transfer (tcp: per stripe, each
+// on its own stream) — the least a transfer over that mechanism can cost. After the last transfer the helper hashes
 // what landed in the last transfer's destination and the parent compares
 // it with the source, so a broken baseline cannot report a good figure.
 #include "bench/raw_baseline.h"
@@ -23,8 +23,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "bench/raw_helper.h"
+#include "net/stripe_plan.h"
 
 namespace kvrelay::bench {
 namespace {
@@ -103,23 +105,57 @@ Result<std::vector<double>> RawShmCopy(const std::vector<RawTransfer>& transfers
 
 Result<std::vector<double>> RawTcpStream(const std::vector<RawTransfer>& transfers,
                                          const RawOptions& options) {
-  Result<raw::Listener> listener = raw::Listener::Loopback();
+  const uint32_t streams = std::max<uint32_t>(options.tcp_streams, 1);
+  // Every transfer's stripes, as kvrelay's tcp Write cuts them; both
+  // processes know them (the helper is forked after this).
+  std::vector<std::vector<RawTransfer>> plan;
+  plan.reserve(transfers.size());
+  for (const RawTransfer& t : transfers) {
+    uint64_t total = 0;
+    for (const net::Segment& s : t) total += s.bytes;
+    plan.push_back(net::SplitIntoStripes(
+        t, net::StripeCount(total, streams, options.tcp_stripe_min_bytes)));
+  }
+  Result<raw::Listener> listener = raw::Listener::Loopback(static_cast<int>(streams));
   if (!listener.ok()) return listener.status();
   const int lfd = listener->fd();
+  // The receiver: one thread per stream, each receiving its stripe of every
+  // transfer that has one straight into the pool and acknowledging it.
   auto child = raw::Helper::Fork([&](int sock) -> int {
     Result<raw::Pool> dst = raw::Pool::Make(options.dst_pool_bytes);
     if (!dst.ok()) return 2;
-    const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) return 3;
-    for (int pass = 0; pass < kPasses; ++pass) {
-      for (const RawTransfer& t : transfers) {
-        for (const net::Segment& s : t) {
-          if (!raw::RecvAll(fd, dst->data() + s.dst_offset, s.bytes)) return 4;
-        }
-        if (!raw::SendByte(fd)) return 5;
-      }
+    std::vector<int> fds;
+    for (uint32_t i = 0; i < streams; ++i) {
+      const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return 3;
+      fds.push_back(fd);
     }
-    close(fd);
+    std::vector<int> codes(streams, 0);
+    std::vector<std::thread> threads;
+    for (uint32_t i = 0; i < streams; ++i) {
+      threads.emplace_back([&, i] {
+        for (int pass = 0; pass < kPasses; ++pass) {
+          for (const std::vector<RawTransfer>& stripes : plan) {
+            if (i >= stripes.size()) continue;
+            for (const net::Segment& s : stripes[i]) {
+              if (!raw::RecvAll(fds[i], dst->data() + s.dst_offset, s.bytes)) {
+                codes[i] = 4;
+                return;
+              }
+            }
+            if (!raw::SendByte(fds[i])) {
+              codes[i] = 5;
+              return;
+            }
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int fd : fds) close(fd);
+    for (int code : codes) {
+      if (code != 0) return code;
+    }
     if (!raw::RecvByte(sock)) return 6;
     const uint64_t h = raw::HashDst(dst->data(), transfers.back());
     return raw::SendAll(sock, &h, sizeof h) ? 0 : 7;
@@ -127,26 +163,46 @@ Result<std::vector<double>> RawTcpStream(const std::vector<RawTransfer>& transfe
   if (!child.ok()) return child.status();
   Result<raw::Pool> src = raw::Pool::Make(options.src_pool_bytes);
   if (!src.ok()) return src.status();
-  Result<int> fd = raw::ConnectLoopback(listener->port());
-  if (!fd.ok()) return fd.status();
+  std::vector<int> fds;
+  Status failed = Status::Ok();
+  for (uint32_t i = 0; i < streams && failed.ok(); ++i) {
+    Result<int> fd = raw::ConnectLoopback(listener->port());
+    if (fd.ok()) {
+      fds.push_back(*fd);
+    } else {
+      failed = fd.status();
+    }
+  }
 
+  // Stripe i of a transfer: writev of its segments on stream i, then its
+  // acknowledgement.
+  const auto send_stripe = [&](size_t i, const RawTransfer& stripe) {
+    std::vector<iovec> iov;
+    iov.reserve(stripe.size());
+    for (const net::Segment& s : stripe) iov.push_back({src->data() + s.src_offset, s.bytes});
+    return raw::SendAllV(fds[i], iov) && raw::RecvByte(fds[i]);
+  };
   std::vector<double> seconds;
   seconds.reserve(transfers.size());
-  std::vector<iovec> iov;
-  Status failed = Status::Ok();
   for (int pass = 0; pass < kPasses && failed.ok(); ++pass) {
-    for (const RawTransfer& t : transfers) {
+    for (const std::vector<RawTransfer>& stripes : plan) {
       const auto t0 = Clock::now();
-      iov.clear();
-      for (const net::Segment& s : t) iov.push_back({src->data() + s.src_offset, s.bytes});
-      if (!raw::SendAllV(*fd, iov) || !raw::RecvByte(*fd)) {
+      // One flag per stripe (not vector<bool>: threads write their own).
+      std::vector<uint8_t> ok(stripes.size(), 0);
+      std::vector<std::thread> helpers;
+      for (size_t i = 1; i < stripes.size(); ++i) {
+        helpers.emplace_back([&, i] { ok[i] = send_stripe(i, stripes[i]) ? 1 : 0; });
+      }
+      ok[0] = send_stripe(0, stripes[0]) ? 1 : 0;
+      for (std::thread& t : helpers) t.join();
+      if (std::find(ok.begin(), ok.end(), 0) != ok.end()) {
         failed = UnavailableError(raw::Errno("tcp baseline: stream"));
         break;
       }
       if (pass == kPasses - 1) seconds.push_back(Since(t0));
     }
   }
-  close(*fd);
+  for (int fd : fds) close(fd);
   Status verdict = child->FinishAndCompare(raw::HashSrc(src->data(), transfers.back()));
   if (!failed.ok()) return failed;
   if (!verdict.ok()) return verdict;

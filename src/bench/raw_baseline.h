@@ -14,7 +14,12 @@
 // Each function forks one helper process (the receiver, or the echo
 // server) and must be called while the calling process has a single thread
 // (before any HTTP client or load thread starts, or after they ended).
-// One transfer at a time on one thread, as kvrelay's bench drives it.
+// One transfer at a time, as kvrelay's bench drives it; on one thread,
+// except tcp with tcp_streams > 1, which stripes a large transfer exactly as
+// kvrelay's tcp transport does (net/stripe_plan.h): the same stripes over
+// as many streams, one sending thread per stripe (the caller's and threads
+// started per transfer, joined before the next) and one receiving thread
+// per stream.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,10 @@ struct RawOptions {
   uint64_t src_pool_bytes = 0;   // every segment's src range lies inside
   uint64_t dst_pool_bytes = 0;   // every segment's dst range lies inside
   std::string ucx_tls;           // ucx: UCX_TLS ("" = UCX's choice)
+  // tcp: streams, and the stripe size, as kvrelay's --tcp-streams and
+  // TransportOptions::tcp_stripe_min_bytes (1: one stream, no striping).
+  uint32_t tcp_streams = 1;
+  uint64_t tcp_stripe_min_bytes = net::TransportOptions{}.tcp_stripe_min_bytes;
 };
 
 // Seconds each transfer took, in order. Errors: kUnavailable (a helper

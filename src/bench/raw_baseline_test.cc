@@ -45,6 +45,22 @@ TEST(RawBaselineTest, ShmCopyMovesTheBytes) { ExpectMoves(&RawShmCopy); }
 TEST(RawBaselineTest, TcpStreamMovesTheBytes) { ExpectMoves(&RawTcpStream); }
 TEST(RawBaselineTest, UcxPutMovesTheBytes) { ExpectMoves(&RawUcxPut); }
 
+// Striped as kvrelay's tcp: 4 streams, stripes of at least 4 KiB, so a
+// 5-block transfer goes out in 4 stripes and a 1-block one in fewer; the
+// helper's hash of the last transfer proves the stripes landed where they
+// belong.
+TEST(RawBaselineTest, TcpStreamStripedOverFourStreamsMovesTheBytes) {
+  for (uint32_t blocks : {1u, 5u}) {
+    RawOptions o;
+    o.tcp_streams = 4;
+    o.tcp_stripe_min_bytes = 4096;
+    const auto transfers = Transfers(blocks, &o);
+    Result<std::vector<double>> r = RawTcpStream(transfers, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->size(), transfers.size());
+  }
+}
+
 TEST(RawBaselineTest, ZmqRoundTripsAreTimed) {
   Result<std::vector<double>> r = ZmqRoundTrips(20, 64);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -219,14 +219,15 @@ class Helper {
 // A listening socket on 127.0.0.1, any port.
 class Listener {
  public:
-  static Result<Listener> Loopback() {
+  // `backlog`: connections that may wait to be accepted.
+  static Result<Listener> Loopback(int backlog = 4) {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return UnavailableError(Errno("socket"));
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof a;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 4) != 0 ||
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, std::max(backlog, 4)) != 0 ||
         getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
       const Status s = UnavailableError(Errno("listen on loopback"));
       close(fd);

@@ -330,6 +330,7 @@ Status BandwidthSection(const TransferBenchOptions& o, const std::string& transp
     raw.src_pool_bytes = pool * block_bytes;
     raw.dst_pool_bytes = pool * block_bytes;
     raw.ucx_tls = o.ucx_tls;
+    raw.tcp_streams = o.tcp_streams;
     Result<std::vector<double>> base = RunBaseline(transport, BaselineTransfers(shape, pool, blocks, n), raw);
     if (!base.ok()) {
       status = base.status();

@@ -83,9 +83,12 @@ class FaultyTarget final : public Target {
   FaultyTarget(std::unique_ptr<Target> inner, std::shared_ptr<FaultState> state)
       : inner_(std::move(inner)), state_(std::move(state)) {}
 
-  Status Write(TransferId transfer, std::span<const Segment> segments) override {
-    return state_->writes.Run(
-        segments, [&](std::span<const Segment> s) { return inner_->Write(transfer, s); });
+  using Target::Write;
+  Status Write(TransferId transfer, std::span<const Segment> segments,
+               Instant deadline) override {
+    return state_->writes.Run(segments, [&](std::span<const Segment> s) {
+      return inner_->Write(transfer, s, deadline);
+    });
   }
 
  private:

@@ -171,7 +171,13 @@ class ShmTarget final : public Target {
   ShmTarget(const ShmTarget&) = delete;
   ShmTarget& operator=(const ShmTarget&) = delete;
 
-  Status Write(TransferId, std::span<const Segment> segments) override {
+  using Target::Write;
+  // A memcpy waits on nothing: the deadline is only checked before it.
+  Status Write(TransferId, std::span<const Segment> segments, Instant deadline) override {
+    if (SteadyNow() >= deadline) {
+      stats_->writes_failed.fetch_add(1, std::memory_order_relaxed);
+      return DeadlineExceededError("shm write: the deadline passed before it started");
+    }
     const std::span<uint8_t> local = local_->bytes();
     uint64_t total = 0;
     for (const Segment& s : segments) {

@@ -1,9 +1,10 @@
 // tcp_stream.h — the tcp transport's wire and socket plumbing: frame and
 // registration constants, the registration codec (bounds-checked), frame
-// splitting and head encoding, and blocking, EINTR-safe send/recv helpers
-// with stall bounds. Shared by the receiver (tcp_region.h) and the writer
-// and reader (tcp_target.h); the frame formats are in tcp_transport.cc's
-// header comment and docs/wire.md.
+// splitting and head encoding, and EINTR-safe send/recv helpers whose
+// every wait is bounded by a WaitBound: the stall timeout, cut short by an
+// operation's deadline. Shared by the receiver (tcp_region.h) and the
+// writer and reader (tcp_target.h); the frame formats are in
+// tcp_transport.cc's header comment and docs/wire.md.
 //
 // Thread safety: pure functions and values.
 #pragma once
@@ -63,7 +64,7 @@ constexpr uint64_t kMaxFrameBytes = 1ull << 30;
 constexpr size_t kMaxConnections = 64;
 constexpr int kStallTimeoutMs = 30'000;
 constexpr int kConnectTimeoutMs = 5'000;
-constexpr auto kStreamWait = std::chrono::seconds(60);
+constexpr int kStreamWaitMs = 60'000;
 constexpr int kSendBufferBytes = 4 << 20;
 constexpr size_t kMaxHostBytes = 255;
 constexpr size_t kIovBatch = 1024;  // <= IOV_MAX
@@ -71,6 +72,42 @@ constexpr size_t kIovBatch = 1024;  // <= IOV_MAX
 enum ReplyStatus : uint32_t { kReplyOk = 0, kReplyRefused = 1, kReplyMalformed = 2 };
 
 inline std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// How long the socket waits of one operation may last: each at most
+// kStallTimeoutMs (a peer that makes no progress for that long is stalled),
+// and none past the operation's deadline (steady clock, SteadyNow). The
+// default has no deadline (the receiver's side, and reads).
+//
+// Thread safety: a value; shared read-only by an operation's stripes.
+class WaitBound {
+ public:
+  WaitBound() = default;
+  explicit WaitBound(Instant deadline) : deadline_(deadline) {}
+
+  // Milliseconds the next socket wait may take: min(kStallTimeoutMs, the
+  // time to the deadline rounded up); 0 once the deadline has passed (the
+  // caller then fails instead of waiting).
+  int WaitMs() const { return CapMs(kStallTimeoutMs); }
+  // The same for a wait of its own limit (connect, a stream from the pool).
+  int CapMs(int limit_ms) const {
+    if (deadline_ == Instant::Never()) return limit_ms;
+    const int64_t left_ns = (deadline_ - SteadyNow()).ns();
+    if (left_ns <= 0) return 0;
+    return static_cast<int>(std::min<int64_t>(limit_ms, (left_ns + 999'999) / 1'000'000));
+  }
+  bool Expired() const { return deadline_ != Instant::Never() && SteadyNow() >= deadline_; }
+
+  // The error for a socket operation that failed (`what`): kDeadlineExceeded
+  // if the deadline has passed — the wait was cut short by it — else
+  // kUnavailable (the peer closed, reset or stalled past kStallTimeoutMs).
+  Status Failed(const std::string& what) const {
+    if (Expired()) return DeadlineExceededError(what + ": the deadline passed");
+    return UnavailableError(what);
+  }
+
+ private:
+  Instant deadline_ = Instant::Never();
+};
 
 // Host names and numeric addresses (IPv6 with a scope too); no spaces or
 // control characters.
@@ -134,10 +171,10 @@ inline Result<TcpRegistration> DecodeRegistration(std::span<const uint8_t> in) {
   return r;
 }
 
-// Waits for `fd` to be readable: forever (timeout_ms < 0) or timeout_ms.
-// False on timeout or error.
-inline bool WaitReadable(int fd, int timeout_ms) {
-  pollfd p{fd, POLLIN, 0};
+// Waits for `fd` to be readable (events POLLIN) or writable (POLLOUT):
+// forever (timeout_ms < 0) or timeout_ms. False on timeout or error.
+inline bool WaitFor(int fd, short events, int timeout_ms) {
+  pollfd p{fd, events, 0};
   while (true) {
     const int r = poll(&p, 1, timeout_ms);
     if (r > 0) return true;
@@ -145,13 +182,15 @@ inline bool WaitReadable(int fd, int timeout_ms) {
     if (errno != EINTR) return false;
   }
 }
+inline bool WaitReadable(int fd, int timeout_ms) { return WaitFor(fd, POLLIN, timeout_ms); }
 
 // Receives exactly n bytes. `idle_first` waits forever for the first byte
-// (between frames); every other wait is bounded by kStallTimeoutMs.
-inline bool RecvAll(int fd, uint8_t* out, size_t n, bool idle_first) {
+// (between frames); every other wait is bounded by `bound`.
+inline bool RecvAll(int fd, uint8_t* out, size_t n, bool idle_first, const WaitBound& bound = {}) {
   size_t got = 0;
   while (got < n) {
-    if (!WaitReadable(fd, idle_first && got == 0 ? -1 : kStallTimeoutMs)) return false;
+    const int ms = idle_first && got == 0 ? -1 : bound.WaitMs();
+    if (ms == 0 || !WaitReadable(fd, ms)) return false;
     const ssize_t r = recv(fd, out + got, n - got, 0);
     if (r > 0) {
       got += static_cast<size_t>(r);
@@ -165,17 +204,23 @@ inline bool RecvAll(int fd, uint8_t* out, size_t n, bool idle_first) {
 }
 
 // Receives exactly the bytes of iov[0..n) (modified in place), handling
-// partial reads; every wait is bounded by kStallTimeoutMs.
-inline bool RecvAllV(int fd, iovec* iov, size_t n) {
+// partial reads: takes what has arrived without waiting, and waits (bounded
+// by `bound`) only when nothing has. Fails once `bound`'s deadline passed.
+inline bool RecvAllV(int fd, iovec* iov, size_t n, const WaitBound& bound = {}) {
   while (n > 0) {
-    if (!WaitReadable(fd, kStallTimeoutMs)) return false;
+    if (bound.Expired()) return false;
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = std::min(n, kIovBatch);
-    const ssize_t r = recvmsg(fd, &msg, 0);
+    const ssize_t r = recvmsg(fd, &msg, MSG_DONTWAIT);
     if (r == 0) return false;
     if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        const int ms = bound.WaitMs();
+        if (ms == 0 || !WaitReadable(fd, ms)) return false;
+        continue;
+      }
       return false;
     }
     size_t got = static_cast<size_t>(r);
@@ -193,16 +238,25 @@ inline bool RecvAllV(int fd, iovec* iov, size_t n) {
 }
 
 // Sends every byte of iov[0..n) (modified in place), handling partial
-// sends. MSG_NOSIGNAL: a closed peer is an error, not a SIGPIPE.
-inline bool SendAllV(int fd, iovec* iov, size_t n) {
+// sends: each sendmsg takes as much as the socket buffer holds without
+// blocking, and the wait for room is bounded by `bound`. Fails once
+// `bound`'s deadline passed. MSG_NOSIGNAL: a closed peer is an error, not a
+// SIGPIPE.
+inline bool SendAllV(int fd, iovec* iov, size_t n, const WaitBound& bound = {}) {
   while (n > 0) {
+    if (bound.Expired()) return false;
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = std::min(n, kIovBatch);
-    const ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    const ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return false;  // EAGAIN here is SO_SNDTIMEO expiring: a stalled peer.
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        const int ms = bound.WaitMs();
+        if (ms == 0 || !WaitFor(fd, POLLOUT, ms)) return false;  // stalled, or the deadline
+        continue;
+      }
+      return false;
     }
     size_t sent = static_cast<size_t>(r);
     while (n > 0 && sent >= iov->iov_len) {
@@ -218,14 +272,15 @@ inline bool SendAllV(int fd, iovec* iov, size_t n) {
   return true;
 }
 
-inline bool SendAll(int fd, const uint8_t* data, size_t n) {
+inline bool SendAll(int fd, const uint8_t* data, size_t n, const WaitBound& bound = {}) {
   iovec iov{const_cast<uint8_t*>(data), n};
-  return SendAllV(fd, &iov, 1);
+  return SendAllV(fd, &iov, 1, bound);
 }
 
 // Options of every data stream, both ends: TCP_NODELAY, a 4 MiB send
 // buffer (the side that streams a payload), and send/recv timeouts of
-// kStallTimeoutMs so a blocked send or recv on a stalled peer ends.
+// kStallTimeoutMs (a backstop: the helpers above wait in poll, bounded by
+// their WaitBound, and never block in send or recv).
 inline void SetStreamOptions(int fd) {
   const int yes = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
@@ -236,11 +291,12 @@ inline void SetStreamOptions(int fd) {
 }
 
 // Moves the bytes of `segments` — each at `base` + offset_of(segment),
-// `segment.bytes` long — through `io` (SendAllV or RecvAllV), a batch of
-// kIovBatch iovecs per call: the payload goes straight from or into the
-// region, no copy.
+// `segment.bytes` long — through `io` (SendAllV or RecvAllV, waits bounded
+// by `bound`), a batch of kIovBatch iovecs per call: the payload goes
+// straight from or into the region, no copy.
 template <typename Seg, typename OffsetOf, typename Io>
-bool IoSegments(int fd, uint8_t* base, std::span<const Seg> segments, OffsetOf offset_of, Io io) {
+bool IoSegments(int fd, uint8_t* base, std::span<const Seg> segments, OffsetOf offset_of, Io io,
+                const WaitBound& bound = {}) {
   iovec iov[kIovBatch];
   for (size_t k = 0; k < segments.size(); k += kIovBatch) {
     const size_t batch = std::min(kIovBatch, segments.size() - k);
@@ -248,7 +304,7 @@ bool IoSegments(int fd, uint8_t* base, std::span<const Seg> segments, OffsetOf o
       iov[j].iov_base = base + offset_of(segments[k + j]);
       iov[j].iov_len = segments[k + j].bytes;
     }
-    if (!io(fd, iov, batch)) return false;
+    if (!io(fd, iov, batch, bound)) return false;
   }
   return true;
 }
@@ -294,7 +350,7 @@ Status ForEachFrame(std::span<const Segment> segments, FrameFn frame_fn) {
 // caller's scratch buffer.
 inline bool SendFrameHead(int fd, uint32_t magic, TransferId transfer,
                           std::span<const Segment> frame, uint64_t frame_bytes,
-                          std::vector<uint8_t>& table) {
+                          std::vector<uint8_t>& table, const WaitBound& bound = {}) {
   const bool remote_is_src = magic == kReadMagic;
   uint8_t header[kHeaderBytes];
   PutLe(header, magic, 4);
@@ -311,7 +367,7 @@ inline bool SendFrameHead(int fd, uint32_t magic, TransferId transfer,
     PutLe(e + 8, frame[k].bytes, 8);
   }
   iovec head[2] = {{header, sizeof header}, {table.data(), table.size()}};
-  return SendAllV(fd, head, 2);
+  return SendAllV(fd, head, 2, bound);
 }
 
 // A reply: u32 magic | u32 status (kReplyMagic after a write frame or a
@@ -325,12 +381,14 @@ inline bool SendReply(int fd, uint32_t magic, uint32_t status) {
 
 // Receives a reply with `magic` and turns its status into a Status:
 // refused → kFailedPrecondition, malformed → kInvalidArgument (the stream
-// is still in step after either), anything else on the wire → kUnavailable.
-// `what` names the operation ("write", "read") in messages.
-inline Status RecvReply(int fd, uint32_t magic, TransferId transfer, const char* what) {
+// is still in step after either), no reply in time → kDeadlineExceeded or
+// kUnavailable (see WaitBound::Failed), anything else on the wire →
+// kUnavailable. `what` names the operation ("write", "read") in messages.
+inline Status RecvReply(int fd, uint32_t magic, TransferId transfer, const char* what,
+                        const WaitBound& bound = {}) {
   uint8_t reply[kReplyBytes];
-  if (!RecvAll(fd, reply, sizeof reply, false)) {
-    return UnavailableError(std::string("tcp ") + what + ": no reply (peer closed or stalled)");
+  if (!RecvAll(fd, reply, sizeof reply, false, bound)) {
+    return bound.Failed(std::string("tcp ") + what + ": no reply (peer closed or stalled)");
   }
   if (GetLe(reply, 4) != magic) return UnavailableError(std::string("tcp ") + what + ": bad reply magic");
   switch (GetLe(reply + 4, 4)) {

@@ -1,13 +1,39 @@
 // tcp_target.h — TcpRemote: a remote tcp region open for writing (a
-// Target: one frame per Write, several for very large writes, each
-// acknowledged) or for reading (a Source, read mode: one read request per
-// frame's worth of segments, each answered before the next), over a pool of
-// up to max_streams connections (tcp_client.h). See tcp_transport.cc for
-// the theory of operation and the frames.
+// Target) or for reading (a Source, read mode), over a pool of up to
+// max_streams connections (tcp_client.h). See tcp_transport.cc for the
+// theory of operation and the frames.
+//
+// Write: a write of fewer than 2 × stripe_min_bytes bytes runs on one
+// stream as frames, each acknowledged before the next. A larger one is cut
+// into up to max_streams stripes (stripe_plan.h: contiguous byte ranges,
+// each at least stripe_min_bytes) over as many streams as it can have at
+// once — the first waited for, the others only if idle or openable now —
+// and each stripe runs its frames on its own stream in parallel: stripe 0
+// on the caller's thread, every other one on a thread started for this
+// write and joined before Write returns (so at most max_streams - 1 extra
+// threads per write in flight). The receiver checks each stripe's frames
+// against its grants as any frame. Write returns OK only if every stripe
+// was acknowledged; otherwise the first failed stripe's error (in stripe
+// order), once: a failing stripe does not stop the others, whose bytes may
+// land, but the write as a whole is failed and counted once.
+//
+// Deadlines: every wait of a Write (a stream from the pool, connect, room
+// in the socket buffer, the payload's progress, the reply) is bounded by
+// min(its own limit — the stall timeout for socket waits —, the deadline)
+// and the write fails with kDeadlineExceeded once the deadline has passed,
+// even between waits; a deadline already past fails at once without
+// touching a socket. Reads have no deadline (the stall timeout only).
+//
+// Read: one read request per frame's worth of segments, each answered
+// before the next, on one stream.
 //
 // Thread safety: Write and Read may be called from several threads at once.
 #pragma once
 
+#include <system_error>
+#include <thread>
+
+#include "net/stripe_plan.h"
 #include "net/tcp_client.h"
 #include "net/tcp_stream.h"
 
@@ -15,44 +41,115 @@ namespace kvrelay::net::tcp {
 
 class TcpRemote final : public Target, public Source {
  public:
+  // REQUIRES: stripe_min_bytes ≥ kStripeAlignBytes.
   TcpRemote(Region* local, TcpRegistration remote, uint32_t max_streams,
-            std::shared_ptr<TransportStats> stats)
-      : local_(local), pool_(std::move(remote), max_streams), stats_(std::move(stats)) {}
-
-  Status Write(TransferId transfer, std::span<const Segment> segments) override {
-    return Run(/*write=*/true, transfer, segments);
+            uint64_t stripe_min_bytes, std::shared_ptr<TransportStats> stats)
+      : local_(local),
+        pool_(std::move(remote), max_streams),
+        stripe_min_bytes_(stripe_min_bytes),
+        stats_(std::move(stats)) {
+    KV_CHECK(stripe_min_bytes_ >= kStripeAlignBytes);
   }
+
+  using Target::Write;
+  Status Write(TransferId transfer, std::span<const Segment> segments,
+               Instant deadline) override {
+    const OpCounters counters{stats_->writes_ok, stats_->writes_failed, stats_->bytes_written};
+    const std::span<uint8_t> local = local_->bytes();
+    uint64_t total = 0;
+    if (Status s = CheckLocal(local, segments, /*local_is_src=*/true, "write", &total); !s.ok()) {
+      return CountOutcome(std::move(s), 0, counters);
+    }
+    const WaitBound bound(deadline);
+    if (bound.Expired()) {
+      return CountOutcome(DeadlineExceededError("tcp write: the deadline passed before it started"),
+                          0, counters);
+    }
+    const auto stripe = [&](int fd, std::span<const Segment> part) {
+      return FramesOnStream(fd, part,
+                            [&](int f, std::span<const Segment> frame, uint64_t frame_bytes,
+                                std::vector<uint8_t>& table) {
+                              return WriteFrame(f, transfer, frame, frame_bytes, local, table,
+                                                bound);
+                            });
+    };
+    const uint32_t stripes = StripeCount(total, pool_.max_streams(), stripe_min_bytes_);
+    Status status = stripes <= 1
+                        ? pool_.Run([&](int fd) { return stripe(fd, segments); }, bound)
+                        : WriteStriped(segments, stripes, bound, stripe);
+    return CountOutcome(std::move(status), total, counters);
+  }
+
   Status Read(TransferId transfer, std::span<const Segment> segments) override {
-    return Run(/*write=*/false, transfer, segments);
+    const OpCounters counters{stats_->reads_ok, stats_->reads_failed, stats_->bytes_read};
+    const std::span<uint8_t> local = local_->bytes();
+    uint64_t total = 0;
+    if (Status s = CheckLocal(local, segments, /*local_is_src=*/false, "read", &total); !s.ok()) {
+      return CountOutcome(std::move(s), 0, counters);
+    }
+    Status status = pool_.Run([&](int fd) {
+      return FramesOnStream(fd, segments,
+                            [&](int f, std::span<const Segment> frame, uint64_t frame_bytes,
+                                std::vector<uint8_t>& table) {
+                              return ReadFrame(f, transfer, frame, frame_bytes, local, table);
+                            });
+    });
+    return CountOutcome(std::move(status), total, counters);
   }
 
  private:
-  Status Run(bool write, TransferId transfer, std::span<const Segment> segments) {
-    const std::span<uint8_t> local = local_->bytes();
-    const OpCounters counters =
-        write ? OpCounters{stats_->writes_ok, stats_->writes_failed, stats_->bytes_written}
-              : OpCounters{stats_->reads_ok, stats_->reads_failed, stats_->bytes_read};
-    return RunFrames(pool_, local, segments, /*local_is_src=*/write, write ? "write" : "read",
-                     counters,
-                     [&](int fd, std::span<const Segment> frame, uint64_t frame_bytes,
-                         std::vector<uint8_t>& table) {
-                       return write ? WriteFrame(fd, transfer, frame, frame_bytes, local, table)
-                                    : ReadFrame(fd, transfer, frame, frame_bytes, local, table);
-                     });
+  // Runs `segments` as up to `want` stripes, stripe_fn(fd, stripe) each on
+  // its own stream, in parallel; see the header comment.
+  template <typename StripeFn>
+  Status WriteStriped(std::span<const Segment> segments, uint32_t want, const WaitBound& bound,
+                      const StripeFn& stripe_fn) {
+    Result<int> first = pool_.Acquire(bound);
+    if (!first.ok()) return first.status();
+    std::vector<int> fds{*first};
+    while (fds.size() < want) {
+      const int fd = pool_.TryAcquire(bound);
+      if (fd < 0) break;
+      fds.push_back(fd);
+    }
+    const std::vector<std::vector<Segment>> stripes =
+        SplitIntoStripes(segments, static_cast<uint32_t>(fds.size()));
+    // results[i] is written only by stripe i's thread; join orders it
+    // before the reads below.
+    std::vector<Status> results(fds.size());
+    const auto run = [&](size_t i) { results[i] = stripe_fn(fds[i], stripes[i]); };
+    std::vector<std::thread> helpers;
+    helpers.reserve(fds.size() - 1);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      try {
+        helpers.emplace_back(run, i);
+      } catch (const std::system_error&) {
+        break;  // no thread to be had: the rest run on this one, after stripe 0
+      }
+    }
+    run(0);
+    for (size_t i = 1 + helpers.size(); i < fds.size(); ++i) run(i);
+    for (std::thread& t : helpers) t.join();
+    Status status = Status::Ok();
+    for (size_t i = 0; i < fds.size(); ++i) {
+      pool_.Release(fds[i], results[i]);
+      if (status.ok() && !results[i].ok()) status = results[i];
+    }
+    return status;
   }
 
   // One write frame: header and table, the payload straight from the local
-  // region, then the receiver's reply.
+  // region, then the receiver's reply; every wait bounded by `bound`.
   Status WriteFrame(int fd, TransferId transfer, std::span<const Segment> frame,
-                    uint64_t frame_bytes, std::span<uint8_t> local, std::vector<uint8_t>& table) {
-    if (!SendFrameHead(fd, kFrameMagic, transfer, frame, frame_bytes, table)) {
-      return UnavailableError(Errno("tcp: sending a frame header"));
+                    uint64_t frame_bytes, std::span<uint8_t> local, std::vector<uint8_t>& table,
+                    const WaitBound& bound) {
+    if (!SendFrameHead(fd, kFrameMagic, transfer, frame, frame_bytes, table, bound)) {
+      return bound.Failed(Errno("tcp: sending a frame header"));
     }
     if (!IoSegments(fd, local.data(), frame, [](const Segment& s) { return s.src_offset; },
-                    SendAllV)) {
-      return UnavailableError(Errno("tcp: sending a payload"));
+                    SendAllV, bound)) {
+      return bound.Failed(Errno("tcp: sending a payload"));
     }
-    return RecvReply(fd, kReplyMagic, transfer, "write");
+    return RecvReply(fd, kReplyMagic, transfer, "write", bound);
   }
 
   // One read request: header and table; the head (refused or malformed end
@@ -73,8 +170,8 @@ class TcpRemote final : public Target, public Source {
 
   Region* const local_;
   StreamPool pool_;
+  const uint64_t stripe_min_bytes_;
   const std::shared_ptr<TransportStats> stats_;
 };
-
 
 }  // namespace kvrelay::net::tcp

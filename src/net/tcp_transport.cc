@@ -24,7 +24,9 @@
 // (kMaxFrameSegments, kMaxFrameBytes) closes the connection. All count as
 // writes_refused / frames_malformed. A receiver waits forever for the first
 // byte of a frame but at most kStallTimeoutMs for each later byte, so a
-// stalled peer cannot hold a connection slot mid-frame forever.
+// stalled peer cannot hold a connection slot mid-frame forever. Each
+// connection has its own thread, so the stripes of one striped write
+// (below) are received in parallel, each straight into the region.
 //
 // Read request (reader → receiver, read mode): the frame header with magic
 // 'KVTQ' (same fields; total_bytes = the sum of the table's bytes) and the
@@ -62,9 +64,16 @@
 // busy), sends the segments as frames of at most kMaxFrameSegments
 // segments and kMaxFrameBytes bytes (splitting larger ones), header and
 // table in one sendmsg, payload with sendmsg over iovecs pointing into the
-// local region (no copy), and waits for each frame's reply. Any socket
-// error closes that connection and returns kUnavailable; a refused frame
-// returns kFailedPrecondition and keeps the connection.
+// local region (no copy), and waits for each frame's reply. A write of at
+// least 2 × options.tcp_stripe_min_bytes is striped: cut into contiguous
+// byte ranges (stripe_plan.h), each sent as its own frames on its own
+// connection from its own thread, in parallel; it succeeds only if every
+// stripe's frames were acknowledged. Every wait is bounded by
+// min(kStallTimeoutMs, the Write's deadline): past the deadline the write
+// fails with kDeadlineExceeded and its connections close (the receiver
+// then drops the frames it was receiving, unacknowledged). Any other
+// socket error closes that connection and returns kUnavailable; a refused
+// frame returns kFailedPrecondition and keeps the connection.
 //
 // TcpRemote as a Source: owned by the reader, one per remote region. The
 // same pool (tcp_client.h) and framing: Read cuts the segments into requests within
@@ -146,7 +155,8 @@ class TcpTransport final : public Transport {
     KV_CHECK(local != nullptr);
     Result<TcpRegistration> r = DecodeRegistration(registration);
     if (!r.ok()) return r.status();
-    return std::make_unique<TcpRemote>(local, std::move(r).value(), options_.tcp_streams, stats_);
+    return std::make_unique<TcpRemote>(local, std::move(r).value(), options_.tcp_streams,
+                                       options_.tcp_stripe_min_bytes, stats_);
   }
 
   const TransportOptions options_;
@@ -156,6 +166,10 @@ class TcpTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options) {
+  if (options.tcp_stripe_min_bytes < kStripeAlignBytes) {
+    return InvalidArgumentError("tcp: tcp_stripe_min_bytes below " +
+                                std::to_string(kStripeAlignBytes));
+  }
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
 }
 

@@ -49,6 +49,7 @@
 
 #include "base/result.h"
 #include "base/status.h"
+#include "base/time.h"
 #include "base/transfer_id.h"
 #include "net/grant_table.h"
 
@@ -121,8 +122,19 @@ class Target {
   virtual ~Target() = default;
   // Copies every segment from the local region to the remote one; returns
   // when the bytes are there. `transfer` names the grant the receiver
-  // checks (tcp). REQUIRES: segments inside both regions.
-  virtual Status Write(TransferId transfer, std::span<const Segment> segments) = 0;
+  // checks (tcp). `deadline` is on the runtime's monotonic clock
+  // (std::chrono::steady_clock, runtime::MonoNow): a Write never waits past
+  // it — one already past fails at once without moving a byte, and a wait
+  // still running then ends with kDeadlineExceeded (tcp: every socket wait
+  // is bounded by min(stall timeout, deadline); ucx: the flush wait; shm
+  // never waits). REQUIRES: segments inside both regions.
+  virtual Status Write(TransferId transfer, std::span<const Segment> segments,
+                       Instant deadline) = 0;
+  // The same with no deadline: waits are bounded by the transport's own
+  // stall timeouts only. (Derived classes: `using Target::Write;`.)
+  Status Write(TransferId transfer, std::span<const Segment> segments) {
+    return Write(transfer, segments, Instant::Never());
+  }
 };
 
 // A remote region, open for reading into a local one (read mode).
@@ -144,6 +156,9 @@ class Source {
 struct TransportOptions {
   std::string listen_host = "127.0.0.1";  // tcp: where the receiver listens
   uint32_t tcp_streams = 4;               // tcp: connections per Target
+  // tcp: a Write of at least 2 × this many bytes is striped over up to
+  // tcp_streams connections in parallel, each stripe at least this long.
+  uint64_t tcp_stripe_min_bytes = 8ull << 20;
   std::string ucx_tls;                    // ucx: UCX_TLS for the context ("" = UCX's default)
 };
 
@@ -166,6 +181,10 @@ class Transport {
                                                      Region* local) = 0;
   virtual const TransportStats& stats() const = 0;
 };
+
+// The clock of Write deadlines: std::chrono::steady_clock in nanoseconds,
+// the same as runtime::MonoNow (net sits below runtime, so it reads it here).
+Instant SteadyNow();
 
 Result<std::unique_ptr<Transport>> MakeShmTransport(const TransportOptions& options);
 Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options);

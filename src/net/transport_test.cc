@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -618,6 +620,24 @@ TEST_P(TransportTest, BigReadAndWriteOf64MiBIn2MiBSegments) {
   EXPECT_EQ(d_->stats().bytes_read.load(), 4 * layout.bytes());
 }
 
+TEST_P(TransportTest, AWriteWhoseDeadlinePassedFailsAtOnceAndTouchesNothing) {
+  const RegionLayout layout = SmallLayout();
+  auto [p, d] = NewRegions(layout, 21);
+  ASSERT_TRUE(p && d);
+  d->grants().Grant(kT1, Range(0, layout.num_blocks));
+  auto target = OpenTarget(*d, *p);
+  ASSERT_TRUE(target);
+  const auto segs = BlockSegments(layout, 0, 0, layout.num_blocks);
+  const Status s = target->Write(kT1, segs, SteadyNow() - Duration::Milliseconds(1));
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_TRUE(AllZero(d->bytes()));
+  EXPECT_EQ(p_->stats().writes_failed.load(), 1u);
+  // A deadline ahead is no obstacle.
+  ASSERT_TRUE(target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30)).ok());
+  const auto want = Expected(p->bytes(), std::vector<uint8_t>(layout.bytes(), 0), segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKinds, TransportTest,
                          testing::Values(TransportKind::kShm, TransportKind::kTcp,
                                          TransportKind::kUcx),
@@ -848,6 +868,262 @@ TEST_F(TcpTest, DestroyingTheRegionStopsReceiversMidFrame) {
   // The target's pooled stream is dead now: a write fails, not hangs.
   EXPECT_EQ(target_->Write(kT1, BlockSegments(layout_, 0, 0, 1)).code(),
             StatusCode::kUnavailable);
+}
+
+// ---------------------------------------------------------------------------
+// tcp striping and deadlines.
+
+bool RecvN(int fd, uint8_t* out, size_t n);  // below
+
+// P and D on tcp with 4 streams per target and stripes of at least 4 KiB, so
+// that a write of a few blocks is striped; the regions are 8 planes × 16
+// blocks × 16 KiB (2 MiB).
+class TcpStripeTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    TransportOptions options;
+    options.tcp_streams = 4;
+    options.tcp_stripe_min_bytes = 4096;
+    auto p = MakeTcpTransport(options);
+    auto d = MakeTcpTransport(options);
+    ASSERT_TRUE(p.ok() && d.ok());
+    p_ = std::move(p).value();
+    d_ = std::move(d).value();
+    auto pr = p_->CreateRegion("p", layout_);
+    auto dr = d_->CreateRegion("d", layout_);
+    ASSERT_TRUE(pr.ok() && dr.ok());
+    p_region_ = std::move(pr).value();
+    d_region_ = std::move(dr).value();
+    FillPattern(p_region_->bytes(), 31);
+  }
+
+  std::unique_ptr<Target> Open(const std::vector<uint8_t>& registration) {
+    auto t = p_->Open(registration, p_region_.get());
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+
+  const RegionLayout layout_{8, 16, 16 << 10};
+  std::unique_ptr<Transport> p_, d_;
+  std::unique_ptr<Region> p_region_, d_region_;
+};
+
+// A fake receiver on loopback for `layout_`-sized regions: accepts every
+// connection and runs serve(fd, index) on its own thread for it. The
+// destructor shuts every connection down and joins.
+class FakeReceiver {
+ public:
+  FakeReceiver(const RegionLayout& layout, std::function<void(int fd, int index)> serve)
+      : serve_(std::move(serve)) {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(listen(listener_, 16), 0);
+    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    registration_ =
+        tcp::EncodeRegistration({"127.0.0.1", ntohs(addr.sin_port), layout.bytes(), layout});
+    accept_ = std::thread([this] {
+      for (int index = 0;; ++index) {
+        const int fd = accept(listener_, nullptr, nullptr);
+        if (fd < 0) return;  // shut down
+        std::lock_guard<std::mutex> lock(mu_);
+        fds_.push_back(fd);
+        threads_.emplace_back([this, fd, index] { serve_(fd, index); });
+      }
+    });
+  }
+  ~FakeReceiver() {
+    shutdown(listener_, SHUT_RDWR);
+    accept_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    for (std::thread& t : threads_) t.join();
+    for (int fd : fds_) close(fd);
+    close(listener_);
+  }
+  const std::vector<uint8_t>& registration() const { return registration_; }
+  int connections() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(fds_.size());
+  }
+
+ private:
+  std::function<void(int, int)> serve_;
+  int listener_ = -1;
+  std::vector<uint8_t> registration_;
+  std::thread accept_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> threads_;
+};
+
+// A frame's header and table as a fake receiver reads them; false on EOF.
+struct FakeFrame {
+  uint32_t n = 0;
+  uint64_t total = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> table;  // dst offset, bytes
+};
+bool RecvFrameHead(int fd, FakeFrame* f) {
+  uint8_t header[tcp::kHeaderBytes];
+  if (!RecvN(fd, header, sizeof header)) return false;
+  f->n = static_cast<uint32_t>(GetLe(header + 24, 4));
+  f->total = GetLe(header + 28, 8);
+  std::vector<uint8_t> table(size_t{f->n} * tcp::kTableEntryBytes);
+  if (!RecvN(fd, table.data(), table.size())) return false;
+  f->table.clear();
+  for (uint32_t i = 0; i < f->n; ++i) {
+    f->table.emplace_back(GetLe(table.data() + 16 * i, 8), GetLe(table.data() + 16 * i + 8, 8));
+  }
+  return true;
+}
+bool SendOkReply(int fd) {
+  uint8_t reply[tcp::kReplyBytes];
+  PutLe(reply, tcp::kReplyMagic, 4);
+  PutLe(reply + 4, tcp::kReplyOk, 4);
+  return send(fd, reply, sizeof reply, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof reply);
+}
+
+TEST_F(TcpStripeTest, AStripedWriteLandsByteExactAndAgainAfterIt) {
+  d_region_->grants().Grant(kT1, Range(0, layout_.num_blocks));
+  auto target = Open(d_region_->registration());
+  ASSERT_TRUE(target);
+  // 10 blocks of every plane, shifted by 3: 1.25 MiB in 8 segments, cut
+  // into 4 stripes across segment boundaries.
+  const auto segs = BlockSegments(layout_, 0, 3, 10);
+  for (int round = 0; round < 3; ++round) {
+    const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  const auto want = Expected(p_region_->bytes(), std::vector<uint8_t>(layout_.bytes(), 0), segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d_region_->bytes().begin()));
+  EXPECT_EQ(p_->stats().writes_ok.load(), 3u);  // once per write, not per stripe
+  EXPECT_EQ(p_->stats().writes_failed.load(), 0u);
+  EXPECT_EQ(p_->stats().bytes_written.load(), 3 * 10 * 8 * (16u << 10));
+  EXPECT_EQ(d_->stats().bytes_received.load(), 3 * 10 * 8 * (16u << 10));
+}
+
+TEST_F(TcpStripeTest, StripesGoOutInParallelOnTheirOwnStreams) {
+  // Replies to no frame until four frames (on four connections) have
+  // arrived whole: a write whose stripes went one after another could
+  // never finish.
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t bytes = 0;
+  FakeReceiver fake(layout_, [&](int fd, int) {
+    FakeFrame f;
+    while (RecvFrameHead(fd, &f)) {
+      std::vector<uint8_t> payload(f.total);
+      if (!RecvN(fd, payload.data(), payload.size())) return;
+      std::unique_lock<std::mutex> lock(mu);
+      ++arrived;
+      bytes += f.total;
+      cv.notify_all();
+      if (!cv.wait_for(lock, 10s, [&] { return arrived >= 4; })) return;
+      lock.unlock();
+      if (!SendOkReply(fd)) return;
+    }
+  });
+  auto target = Open(fake.registration());
+  ASSERT_TRUE(target);
+  const auto segs = BlockSegments(layout_, 0, 3, 10);
+  const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(fake.connections(), 4);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(arrived, 4);
+  EXPECT_EQ(bytes, 10 * 8 * (16u << 10));
+}
+
+TEST_F(TcpStripeTest, AStripeFailingMidWayFailsTheWriteOnce) {
+  // Connection 2 takes its stripe's header and half its payload, then
+  // closes; the others are answered ok.
+  FakeReceiver fake(layout_, [&](int fd, int index) {
+    FakeFrame f;
+    while (RecvFrameHead(fd, &f)) {
+      const uint64_t take = index == 2 ? f.total / 2 : f.total;
+      std::vector<uint8_t> payload(take);
+      if (!RecvN(fd, payload.data(), payload.size())) return;
+      if (index == 2) {
+        shutdown(fd, SHUT_RDWR);
+        return;
+      }
+      if (!SendOkReply(fd)) return;
+    }
+  });
+  auto target = Open(fake.registration());
+  ASSERT_TRUE(target);
+  const Status s =
+      target->Write(kT1, BlockSegments(layout_, 0, 3, 10), SteadyNow() + Duration::Seconds(30));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_EQ(p_->stats().writes_failed.load(), 1u);
+  EXPECT_EQ(p_->stats().writes_ok.load(), 0u);
+  EXPECT_EQ(p_->stats().bytes_written.load(), 0u);
+}
+
+TEST_F(TcpStripeTest, GrantsAreCheckedPerStripe) {
+  // Plane 1's blocks 0..15 into plane 0's: 256 KiB in 4 stripes of 4
+  // blocks. Every block granted but 12, which only the last stripe touches:
+  // that stripe is refused, the others land, the write fails, and the
+  // streams stay usable.
+  const uint64_t block = layout_.block_stride_bytes;
+  const uint64_t plane = layout_.num_blocks * block;
+  const std::vector<Segment> segs{{plane, 0, plane}};
+  std::vector<uint32_t> blocks = Range(0, layout_.num_blocks);
+  blocks.erase(std::find(blocks.begin(), blocks.end(), 12u));
+  d_region_->grants().Grant(kT1, blocks);
+  auto target = Open(d_region_->registration());
+  ASSERT_TRUE(target);
+  const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(d_->stats().writes_refused.load(), 1u);  // one stripe's frame, not four
+  EXPECT_EQ(d_->stats().bytes_received.load(), 12 * block);
+  EXPECT_EQ(p_->stats().writes_failed.load(), 1u);
+  EXPECT_EQ(p_->stats().writes_ok.load(), 0u);
+  const auto d = d_region_->bytes();
+  const auto p = p_region_->bytes();
+  EXPECT_TRUE(std::equal(d.begin(), d.begin() + 12 * block, p.begin() + plane));
+  EXPECT_TRUE(AllZero(d.subspan(12 * block)));
+  // Granted now: the same write succeeds on the same streams.
+  d_region_->grants().Grant(kT1, std::vector<uint32_t>{12});
+  EXPECT_TRUE(target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30)).ok());
+  EXPECT_TRUE(std::equal(d.begin(), d.begin() + plane, p.begin() + plane));
+}
+
+TEST_F(TcpStripeTest, AStalledPeerEndsAtTheDeadlineNotTheStallTimeout) {
+  // Accepts and reads nothing, so the senders fill the socket buffers and
+  // wait; a second fake reads everything and never replies.
+  FakeReceiver silent(layout_, [](int fd, int) {
+    pollfd p{fd, POLLRDHUP, 0};
+    (void)poll(&p, 1, 20'000);
+  });
+  FakeReceiver mute(layout_, [](int fd, int) {
+    FakeFrame f;
+    while (RecvFrameHead(fd, &f)) {
+      std::vector<uint8_t> payload(f.total);
+      if (!RecvN(fd, payload.data(), payload.size())) return;
+    }
+  });
+  // 8 planes × 16 blocks × 16 KiB = the whole 2 MiB region: with 4 MiB send
+  // buffers it may fit, so write it 16 times over in one call (32 MiB).
+  std::vector<Segment> big;
+  for (int i = 0; i < 16; ++i) big.push_back(Segment{0, 0, layout_.bytes()});
+  for (FakeReceiver* fake : {&silent, &mute}) {
+    auto target = Open(fake->registration());
+    ASSERT_TRUE(target);
+    for (const auto& segs : {big, BlockSegments(layout_, 0, 0, 1)}) {
+      const auto start = std::chrono::steady_clock::now();
+      const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Milliseconds(300));
+      const auto took = std::chrono::steady_clock::now() - start;
+      EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+      EXPECT_GE(took, 250ms);
+      EXPECT_LT(took, 10s);  // the stall timeout is 30 s
+    }
+  }
+  EXPECT_EQ(p_->stats().writes_failed.load(), 4u);
 }
 
 // Read mode on tcp: D reads P's region, P's receiver checks read grants.

@@ -594,9 +594,12 @@ class UcxEndpoint {
   // kPut copies every segment from the local region (src) to the remote
   // one (dst); kGet from the remote region (src) to the local one (dst).
   // Issues one put/get per segment and a flush, and waits for them all
-  // (kCopyTimeout); sets *total to the bytes. `what` names the operation
-  // in messages.
-  Status Copy(Dir dir, std::span<const Segment> segments, const char* what, uint64_t* total) {
+  // until kCopyTimeout or `deadline` (steady clock), whichever is first:
+  // kDeadlineExceeded then (a deadline already past: before issuing
+  // anything). Sets *total to the bytes. `what` names the operation in
+  // messages.
+  Status Copy(Dir dir, std::span<const Segment> segments, const char* what, uint64_t* total,
+              Instant deadline = Instant::Never()) {
     const bool put = dir == Dir::kPut;
     const uint64_t src_limit = put ? local_->bytes : remote_bytes_;
     const uint64_t dst_limit = put ? remote_bytes_ : local_->bytes;
@@ -617,6 +620,14 @@ class UcxEndpoint {
       return UcsToStatus(std::string("ucx ") + what + ": endpoint failed earlier", e);
     }
     if (*total == 0) return Status::Ok();
+    const Clock::time_point now = Clock::now();
+    const Clock::time_point by_deadline{std::chrono::nanoseconds(deadline.ns())};
+    if (by_deadline <= now) {
+      return DeadlineExceededError(std::string("ucx ") + what +
+                                   ": the deadline passed before it started");
+    }
+    const bool deadline_first = by_deadline < now + kCopyTimeout;
+    const Clock::time_point wait_until = deadline_first ? by_deadline : now + kCopyTimeout;
     KV_CHECK(ep_ != nullptr && rkey_ != nullptr);  // Open returns only connected endpoints
 
     std::vector<void*> requests;
@@ -658,11 +669,14 @@ class UcxEndpoint {
                          issue_error);
     }
     ucs_status_t st = UCS_OK;
-    bool done = core_->WaitRequests(requests, Clock::now() + kCopyTimeout, &st);
+    bool done = core_->WaitRequests(requests, wait_until, &st);
     core_->FreeRequests(requests);
     if (!done) {
-      return DeadlineExceededError(std::string("ucx ") + what + ": not complete after " +
-                                   std::to_string(kCopyTimeout.count()) + " s");
+      return DeadlineExceededError(std::string("ucx ") + what + ": not complete " +
+                                   (deadline_first ? std::string("by the deadline")
+                                                   : "after " +
+                                                         std::to_string(kCopyTimeout.count()) +
+                                                         " s"));
     }
     if (st != UCS_OK) return UcsToStatus(std::string("ucx ") + what, st);
     return Status::Ok();
@@ -736,9 +750,11 @@ class UcxTarget final : public Target, public UcxEndpoint {
  public:
   using UcxEndpoint::UcxEndpoint;
 
-  Status Write(TransferId /*transfer*/, std::span<const Segment> segments) override {
+  using Target::Write;
+  Status Write(TransferId /*transfer*/, std::span<const Segment> segments,
+               Instant deadline) override {
     uint64_t total = 0;
-    Status s = Copy(Dir::kPut, segments, "write", &total);
+    Status s = Copy(Dir::kPut, segments, "write", &total, deadline);
     return Counted(std::move(s), total, stats().writes_ok, stats().writes_failed,
                    stats().bytes_written);
   }

@@ -801,7 +801,7 @@ namespace {
 class ReadThroughSource final : public net::Target {
  public:
   explicit ReadThroughSource(std::shared_ptr<net::Source> source) : source_(std::move(source)) {}
-  Status Write(TransferId transfer, std::span<const net::Segment> segments) override {
+  Status Write(TransferId transfer, std::span<const net::Segment> segments, Instant) override {
     return source_->Read(transfer, segments);
   }
 

@@ -48,7 +48,7 @@ void WriterPool::Run() {
       job.done(DeadlineExceededError("the pull's deadline passed before the write started"));
       continue;
     }
-    job.done(job.target->Write(job.transfer, job.segments));
+    job.done(job.target->Write(job.transfer, job.segments, job.deadline));
   }
 }
 
