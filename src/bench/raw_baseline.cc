@@ -209,7 +209,8 @@ Result<std::vector<double>> RawTcpStream(const std::vector<RawTransfer>& transfe
   return seconds;
 }
 
-Result<std::vector<double>> ZmqRoundTrips(uint32_t samples, uint32_t payload_bytes) {
+Result<std::vector<double>> ZmqRoundTrips(uint32_t samples, uint32_t payload_bytes,
+                                          std::chrono::microseconds gap) {
   auto child = raw::Helper::Fork([&](int sock) -> int {
     void* ctx = zmq_ctx_new();
     void* router = zmq_socket(ctx, ZMQ_ROUTER);
@@ -254,6 +255,7 @@ Result<std::vector<double>> ZmqRoundTrips(uint32_t samples, uint32_t payload_byt
     std::vector<uint8_t> out(payload_bytes, 0x42), in(payload_bytes + 16);
     const uint32_t warmup = 50;
     for (uint32_t i = 0; i < warmup + samples; ++i) {
+      if (gap.count() > 0) std::this_thread::sleep_for(gap);
       const auto t0 = Clock::now();
       if (zmq_send(dealer, out.data(), out.size(), 0) < 0 ||
           zmq_recv(dealer, in.data(), in.size(), 0) < 0) {

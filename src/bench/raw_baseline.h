@@ -22,6 +22,7 @@
 // per stream.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ Result<std::vector<double>> RawUcxPut(const std::vector<RawTransfer>& transfers,
 
 // Round-trip seconds of `samples` messages of `payload_bytes` from a DEALER
 // to a ROUTER in another process that echoes them, over tcp loopback.
-Result<std::vector<double>> ZmqRoundTrips(uint32_t samples, uint32_t payload_bytes);
+// `gap`: idle time before each round trip (0: back to back). With a gap
+// both processes' threads are asleep when a message comes, as a rank's
+// threads are when a pull comes; back to back they are still awake.
+Result<std::vector<double>> ZmqRoundTrips(uint32_t samples, uint32_t payload_bytes,
+                                          std::chrono::microseconds gap = {});
 
 }  // namespace kvrelay::bench

@@ -38,6 +38,10 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
                    std::to_string(o.max_batch_tokens), "--tcp-streams",
                    std::to_string(o.tcp_streams)};
   if (!o.prefix_caching) c.engine_args.push_back("--no-prefix-caching");
+  if (o.inline_write_kib >= 0) {
+    c.engine_args.push_back("--inline-write-kib");
+    c.engine_args.push_back(std::to_string(o.inline_write_kib));
+  }
   if (!o.ucx_tls.empty()) {
     c.engine_args.push_back("--ucx-tls");
     c.engine_args.push_back(o.ucx_tls);
@@ -46,6 +50,7 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
   p_ = std::make_unique<httplib::Client>(cluster_.p_urls()[0]);
   d_ = std::make_unique<httplib::Client>(cluster_.d_urls()[0]);
   for (auto* cli : {p_.get(), d_.get()}) {
+    cli->set_tcp_nodelay(true);  // else each leg's body waits 40 ms (Nagle)
     cli->set_read_timeout(120, 0);
     cli->set_keep_alive(true);
   }

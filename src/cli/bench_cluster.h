@@ -47,6 +47,7 @@ struct BenchClusterOptions {
   bool prefix_caching = false;
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
+  int64_t inline_write_kib = -1;      // serve's --inline-write-kib; -1: its default
   bool plain = false;                 // also a plain engine with the same flags
 };
 

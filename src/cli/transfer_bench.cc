@@ -20,7 +20,8 @@
 #include "base/transfer_id.h"
 #include "bench/load_gen.h"
 #include "bench/raw_baseline.h"
-#include "cli/local_cluster.h"
+#include "bench/percentile.h"
+#include "cli/bench_cluster.h"
 #include "engine/model.h"
 #include "net/write_plan.h"
 #include "router/engine_info.h"
@@ -32,27 +33,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t i = static_cast<size_t>(pos);
-  const double frac = pos - static_cast<double>(i);
-  return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
-}
-
-std::string Human(uint64_t bytes) {
-  char b[32];
-  if (bytes >= (1ull << 30)) {
-    std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
-  } else if (bytes >= (1ull << 20)) {
-    std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
-  } else {
-    std::snprintf(b, sizeof b, "%.0f KiB", static_cast<double>(bytes) / 1024);
-  }
-  return b;
-}
 
 struct SizeRow {
   std::string transport;
@@ -72,6 +52,10 @@ struct LatencyRow {
   uint64_t bytes = 0;
   uint32_t samples = 0;
   double p50_s = 0, p99_s = 0;
+  // Median idle time on the control channel before a pull: from the
+  // previous pull's answer to this pull's send (a prefill and two HTTP
+  // legs run in between).
+  double gap_p50_s = 0;
 };
 
 struct AbortRow {
@@ -82,145 +66,31 @@ struct AbortRow {
 
 // One P and one D engine (and the cluster's router, unused here), with
 // HTTP clients and a cursor into D's pull log.
-class BenchCluster {
- public:
-  // `modelled`: the demo's modelled step times (for a load); otherwise
-  // steps cost nothing but writing the KV bytes.
-  Status Start(const TransferBenchOptions& o, const std::string& transport,
-               const std::string& shape, uint32_t pool_blocks, uint32_t max_prompt_tokens,
-               bool modelled = false) {
-    ClusterOptions c;
-    c.logs = o.logs + "/" + transport + "-" + shape + (modelled ? "-load" : "");
-    c.transport = transport;
-    c.shape = shape;
-    c.num_blocks = pool_blocks;
-    if (modelled) {
-      // The demo's step times, with prefill chunked at 256 tokens so that a
-      // long prompt spans several steps: an abort is applied between steps,
-      // and a probe must find P still prefilling.
-      c.engine_args = {"--tcp-streams", std::to_string(o.tcp_streams), "--max-batch-tokens",
-                       "256"};
-    } else {
-      c.step_per_token_us = 0;
-      c.engine_args = {"--step-base-us", "0", "--no-prefix-caching", "--max-batch-tokens",
-                       std::to_string(std::max<uint32_t>(8192, max_prompt_tokens + 64)),
-                       "--tcp-streams", std::to_string(o.tcp_streams)};
-    }
-    if (!o.ucx_tls.empty()) {
-      c.engine_args.push_back("--ucx-tls");
-      c.engine_args.push_back(o.ucx_tls);
-    }
-    if (Status s = cluster_.Start(c); !s.ok()) return s;
-    p_ = std::make_unique<httplib::Client>(cluster_.p_urls()[0]);
-    d_ = std::make_unique<httplib::Client>(cluster_.d_urls()[0]);
-    for (auto* cli : {p_.get(), d_.get()}) {
-      cli->set_read_timeout(120, 0);
-      cli->set_keep_alive(true);
-    }
-    auto info = p_->Get("/kv_info");
-    if (!info || info->status != 200) return UnavailableError("P's /kv_info did not answer");
-    Result<router::EngineInfo> parsed = router::ParseEngineInfo(info->body);
-    if (!parsed.ok()) return parsed.status();
-    p_info_ = *parsed;
-    if (!engine::ModelShapeByName(shape, &shape_)) {
-      return InvalidArgumentError("unknown model shape '" + shape + "'");
-    }
-    auto pulls = d_->Get("/debug/pulls?after=0");
-    if (!pulls || pulls->status != 200) return UnavailableError("D's /debug/pulls did not answer");
-    cursor_ = json::parse(pulls->body).at("last_seq").get<uint64_t>();
-    return Status::Ok();
+// P and D for one section. `modelled`: the demo's step times (a load),
+// prefill chunked at 256 tokens so that a long prompt spans several steps
+// (an abort is applied between steps, and a probe must find P still
+// prefilling); otherwise a step costs only the KV bytes it writes.
+Status StartCluster(BenchCluster& c, const TransferBenchOptions& o, const std::string& transport,
+                    const std::string& shape, uint32_t pool_blocks, uint32_t max_prompt_tokens,
+                    bool modelled = false) {
+  BenchClusterOptions b;
+  b.logs = o.logs + "/" + transport + "-" + shape + (modelled ? "-load" : "");
+  b.transport = transport;
+  b.shape = shape;
+  b.pool_blocks = pool_blocks;
+  b.tcp_streams = o.tcp_streams;
+  b.ucx_tls = o.ucx_tls;
+  b.inline_write_kib = o.inline_write_kib;
+  if (modelled) {
+    b.step_base_us = 500;
+    b.step_per_token_us = 20;
+    b.prefix_caching = true;
+    b.max_batch_tokens = 256;
+  } else {
+    b.max_batch_tokens = std::max<uint32_t>(8192, max_prompt_tokens + 64);
   }
-
-  std::string Stop() { return cluster_.Stop(); }
-
-  const engine::ModelShape& shape() const { return shape_; }
-  const std::string& router_url() const { return cluster_.router_url(); }
-  const std::string& p_url() const { return cluster_.p_urls()[0]; }
-  const std::string& d_url() const { return cluster_.d_urls()[0]; }
-  httplib::Client& p() { return *p_; }
-  httplib::Client& d() { return *d_; }
-  const router::EngineInfo& p_info() const { return p_info_; }
-
-  // A fresh prompt of `tokens` random tokens.
-  json Prompt(Prng& prng, uint32_t tokens) const {
-    json ids = json::array();
-    for (uint32_t i = 0; i < tokens; ++i) ids.push_back(1 + prng.Uniform(shape_.vocab - 1));
-    return json{{"prompt", ids}, {"max_tokens", 1}, {"stream", false}};
-  }
-
-  // P prefills `client` and holds its KV for transfer `t`.
-  Status Prefill(const json& client, const TransferId& t) {
-    auto r = p_->Post("/v1/completions", router::PrefillLegBody(client, t, 1), "application/json");
-    if (!r) return UnavailableError("P leg: no answer");
-    if (r->status != 200 || router::JudgeCompletion(r->body).failed()) {
-      return UnavailableError("P leg: " + std::to_string(r->status) + " " +
-                             router::UpstreamErrorMessage(r->body));
-    }
-    return Status::Ok();
-  }
-
-  // D pulls `t` and decodes one token; the pull's sample from D's log.
-  struct Pulled {
-    uint32_t blocks = 0;
-    double seconds = 0;
-    std::string result;
-    int64_t answered_mono_ns = 0;
-  };
-  Result<Pulled> Decode(const json& client, const TransferId& t) {
-    auto r = d_->Post("/v1/completions", router::DecodeLegBody(client, t, p_info_),
-                      "application/json");
-    if (!r) return UnavailableError("D leg: no answer");
-    if (r->status != 200 || router::JudgeCompletion(r->body).failed()) {
-      return UnavailableError("D leg: " + std::to_string(r->status) + " " +
-                             router::UpstreamErrorMessage(r->body));
-    }
-    return FindPull(t);
-  }
-
-  // The state of P's send for `t` (WAITING, READY, DONE), "" if P holds
-  // none (yet, or any more).
-  // `cli`: a client of P's other than p() (an httplib client runs one
-  // request at a time, and p() may be busy with the P leg).
-  std::string SendState(httplib::Client& cli, const TransferId& t) {
-    auto r = cli.Get("/debug/state");
-    if (!r || r->status != 200) return "";
-    const json doc = json::parse(r->body, nullptr, false);
-    if (doc.is_discarded() || !doc.contains("ranks")) return "";
-    const std::string id = t.ToString();
-    for (const json& rank : doc["ranks"]) {
-      for (const json& send : rank.value("sends", json::array())) {
-        if (send.value("transfer", "") == id) return send.value("state", "");
-      }
-    }
-    return "";
-  }
-
-  // The answer(s) D logged for `t` since the last call (tp 1: one).
-  Result<Pulled> FindPull(const TransferId& t) {
-    const std::string id = t.ToString();
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      auto r = d_->Get(("/debug/pulls?after=" + std::to_string(cursor_)).c_str());
-      if (!r || r->status != 200) return UnavailableError("D's /debug/pulls did not answer");
-      const json doc = json::parse(r->body);
-      for (const json& s : doc.at("samples")) {
-        cursor_ = std::max(cursor_, s.at("seq").get<uint64_t>());
-        if (s.at("transfer_id").get<std::string>() == id) {
-          return Pulled{s.at("blocks").get<uint32_t>(), s.at("pull_to_answer_s").get<double>(),
-                        s.at("result").get<std::string>(), s.at("answered_mono_ns").get<int64_t>()};
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return NotFoundError("D logged no answer for transfer " + id);
-  }
-
- private:
-  LocalCluster cluster_;
-  std::unique_ptr<httplib::Client> p_, d_;
-  router::EngineInfo p_info_;
-  engine::ModelShape shape_;
-  uint64_t cursor_ = 0;
-};
+  return c.Start(b);
+}
 
 // The baseline's transfers: for each of kvrelay's, the same number of
 // blocks, as consecutive runs walking through both pools.
@@ -257,7 +127,7 @@ std::string SizeLine(const SizeRow& r, const char* base_name) {
   std::snprintf(line, sizeof line,
                 "  %-4s %6u blk %10s  n=%-3u kvrelay %6.2f GB/s (p50 %8.3f ms, p99 %8.3f ms)  "
                 "%s %6.2f GB/s  ratio %.2f\n",
-                r.transport.c_str(), r.blocks, Human(r.bytes).c_str(), r.transfers, r.kv_gbps(),
+                r.transport.c_str(), r.blocks, HumanBytes(r.bytes).c_str(), r.transfers, r.kv_gbps(),
                 r.kv_p50_s * 1e3, r.kv_p99_s * 1e3, base_name, r.base_gbps(), r.ratio());
   return line;
 }
@@ -281,9 +151,9 @@ Status BandwidthSection(const TransferBenchOptions& o, const std::string& transp
   }
   BenchCluster c;
   std::printf("[%s] starting P and D (%s, %u blocks of %s each) ...\n", transport.c_str(),
-              o.shape.c_str(), pool, Human(block_bytes).c_str());
+              o.shape.c_str(), pool, HumanBytes(block_bytes).c_str());
   std::fflush(stdout);
-  if (Status s = c.Start(o, transport, o.shape, pool, tokens_for(largest)); !s.ok()) return s;
+  if (Status s = StartCluster(c, o, transport, o.shape, pool, tokens_for(largest)); !s.ok()) return s;
   Status status = Status::Ok();
   // Warm-up: connections, handshakes, and first touches of both pools —
   // enough largest-size transfers to cover the pool once, as a long-running
@@ -354,10 +224,11 @@ Status BandwidthSection(const TransferBenchOptions& o, const std::string& transp
 Status LatencySection(const TransferBenchOptions& o, const std::string& transport, Prng& prng,
                       std::vector<LatencyRow>* rows) {
   BenchCluster c;
-  if (Status s = c.Start(o, transport, o.latency_shape, 256, 64); !s.ok()) return s;
+  if (Status s = StartCluster(c, o, transport, o.latency_shape, 256, 64); !s.ok()) return s;
   const uint32_t tokens = c.shape().block_tokens;
-  std::vector<double> samples;
+  std::vector<double> samples, gaps;
   Status status = Status::Ok();
+  int64_t last_answer_ns = 0;
   for (uint32_t i = 0; i < o.latency_samples + 20 && status.ok(); ++i) {
     json client = c.Prompt(prng, tokens);
     auto id = router::NewTransferIdFromOs();
@@ -366,18 +237,24 @@ Status LatencySection(const TransferBenchOptions& o, const std::string& transpor
     auto r = c.Decode(client, *id);
     if (!r.ok()) {
       status = r.status();
-    } else if (i >= 20) {  // the first 20 warm up
-      samples.push_back(r->seconds);
+    } else {
+      const int64_t sent_ns = r->answered_mono_ns - static_cast<int64_t>(r->seconds * 1e9);
+      if (i >= 20) {  // the first 20 warm up
+        samples.push_back(r->seconds);
+        gaps.push_back(static_cast<double>(sent_ns - last_answer_ns) / 1e9);
+      }
+      last_answer_ns = r->answered_mono_ns;
     }
   }
   c.Stop();
   if (!status.ok()) return status;
   LatencyRow row{transport, c.shape().BlockBytesPerRank(1), static_cast<uint32_t>(samples.size()),
-                 Percentile(samples, 0.5), Percentile(samples, 0.99)};
+                 Percentile(samples, 0.5), Percentile(samples, 0.99), Percentile(gaps, 0.5)};
   rows->push_back(row);
-  std::printf("  %-4s one block of %s (%s): pull→answer p50 %.1f µs, p99 %.1f µs (n=%u)\n",
-              transport.c_str(), Human(row.bytes).c_str(), o.latency_shape.c_str(), row.p50_s * 1e6,
-              row.p99_s * 1e6, row.samples);
+  std::printf("  %-4s one block of %s (%s): pull→answer p50 %.1f µs, p99 %.1f µs (n=%u; "
+              "idle before a pull p50 %.1f ms)\n",
+              transport.c_str(), HumanBytes(row.bytes).c_str(), o.latency_shape.c_str(), row.p50_s * 1e6,
+              row.p99_s * 1e6, row.samples, row.gap_p50_s * 1e3);
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -391,7 +268,7 @@ Status LatencySection(const TransferBenchOptions& o, const std::string& transpor
 Status AbortSection(const TransferBenchOptions& o, const std::string& transport, Prng& prng,
                     std::vector<AbortRow>* rows) {
   BenchCluster c;
-  if (Status s = c.Start(o, transport, "tiny", 0, 0, true); !s.ok()) return s;
+  if (Status s = StartCluster(c, o, transport, "tiny", 0, 0, true); !s.ok()) return s;
   LoadOptions load;
   load.url = c.router_url();
   load.requests = 1000000;
@@ -405,6 +282,7 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
   std::vector<double> latency;
   uint32_t finished_first = 0, pulled_late = 0, lost = 0;
   httplib::Client admin(c.p_url());
+  admin.set_tcp_nodelay(true);
   for (uint32_t i = 0; i < o.abort_probes; ++i) {
     const std::string rid = "abort-probe-" + std::to_string(o.seed) + "-" + std::to_string(i);
     json client = c.Prompt(prng, 900);
@@ -416,6 +294,7 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
     std::thread p_leg([&] { (void)c.Prefill(client, t); });
     std::thread d_leg([&] {
       httplib::Client d(c.d_url());
+      d.set_tcp_nodelay(true);
       d.set_read_timeout(60, 0);
       (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()),
                    "application/json");
@@ -528,18 +407,35 @@ Status RunTransferBench(const TransferBenchOptions& o) {
   for (const std::string& t : o.transports) {
     if (Status s = BandwidthSection(o, t, prng, &sizes); !s.ok()) return s;
   }
-  double zmq_p50 = 0, zmq_p99 = 0;
+  // ZeroMQ round trips: back to back (both ends' threads stay awake; the
+  // target is judged against this one), and, for context, each after the
+  // pulls' median idle time with both processes asleep (on this VM a
+  // wake-up from idle costs far more than one from a busy loop).
+  double zmq_p50 = 0, zmq_p99 = 0, zmq_idle_p50 = 0, zmq_idle_p99 = 0, idle_gap_s = 0;
   if (o.latency_samples > 0) {
     std::printf("one-block latency (%s shape):\n", o.latency_shape.c_str());
     for (const std::string& t : o.transports) {
       if (Status s = LatencySection(o, t, prng, &latency); !s.ok()) return s;
     }
-    Result<std::vector<double>> rtt = bench::ZmqRoundTrips(std::max<uint32_t>(o.latency_samples, 1000), 128);
+    Result<std::vector<double>> rtt =
+        bench::ZmqRoundTrips(std::max<uint32_t>(o.latency_samples, 1000), 128);
     if (!rtt.ok()) return rtt.status();
     zmq_p50 = Percentile(*rtt, 0.5);
     zmq_p99 = Percentile(*rtt, 0.99);
-    std::printf("  bare ZeroMQ DEALER/ROUTER round trip, 128 B: p50 %.1f µs, p99 %.1f µs\n",
+    std::printf("  bare ZeroMQ DEALER/ROUTER round trip, 128 B, back to back: p50 %.1f µs, "
+                "p99 %.1f µs\n",
                 zmq_p50 * 1e6, zmq_p99 * 1e6);
+    std::vector<double> gaps;
+    for (const LatencyRow& l : latency) gaps.push_back(l.gap_p50_s);
+    idle_gap_s = std::clamp(Percentile(gaps, 0.5), 0.0, 1.0);
+    rtt = bench::ZmqRoundTrips(std::max<uint32_t>(o.latency_samples, 100), 128,
+                               std::chrono::microseconds(static_cast<int64_t>(idle_gap_s * 1e6)));
+    if (!rtt.ok()) return rtt.status();
+    zmq_idle_p50 = Percentile(*rtt, 0.5);
+    zmq_idle_p99 = Percentile(*rtt, 0.99);
+    std::printf("  for context, the same round trip each after %.1f ms asleep (the pulls' "
+                "idle time): p50 %.1f µs, p99 %.1f µs\n",
+                idle_gap_s * 1e3, zmq_idle_p50 * 1e6, zmq_idle_p99 * 1e6);
   }
 
   if (o.abort_probes > 0) {
@@ -561,7 +457,7 @@ Status RunTransferBench(const TransferBenchOptions& o) {
   for (const SizeRow& r : sizes) {
     if (r.bytes < (64ull << 20)) continue;
     std::snprintf(buf, sizeof buf, "%s %s: %.2f of the raw baseline (target ≥ 0.85)",
-                  r.transport.c_str(), Human(r.bytes).c_str(), r.ratio());
+                  r.transport.c_str(), HumanBytes(r.bytes).c_str(), r.ratio());
     verdict(r.ratio() >= 0.85, buf);
   }
   std::map<uint32_t, const SizeRow*> tcp, ucx_raw;
@@ -574,13 +470,14 @@ Status RunTransferBench(const TransferBenchOptions& o) {
     if (u == ucx_raw.end() || u->second->base_gbps() <= 0) continue;
     const double x = t->kv_gbps() / u->second->base_gbps();
     std::snprintf(buf, sizeof buf, "tcp %s: %.1f× UCX's own put (%.2f vs %.2f GB/s; target ≥ 4×)",
-                  Human(t->bytes).c_str(), x, t->kv_gbps(), u->second->base_gbps());
+                  HumanBytes(t->bytes).c_str(), x, t->kv_gbps(), u->second->base_gbps());
     verdict(x >= 4, buf);
   }
   for (const LatencyRow& l : latency) {
     if (zmq_p50 <= 0) break;
     std::snprintf(buf, sizeof buf,
-                  "%s one-block pull→answer p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ 1.5×)",
+                  "%s one-block pull→answer p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ "
+                  "1.5×)",
                   l.transport.c_str(), l.p50_s * 1e6, l.p50_s / zmq_p50);
     verdict(l.p50_s <= 1.5 * zmq_p50, buf);
   }
@@ -596,8 +493,14 @@ Status RunTransferBench(const TransferBenchOptions& o) {
   std::printf("%s\n", all_met ? "all targets met" : "some targets MISSED");
 
   if (!o.json_path.empty()) {
-    json doc{{"shape", o.shape}, {"seed", o.seed}, {"zmq_rtt_p50_s", zmq_p50},
-             {"zmq_rtt_p99_s", zmq_p99}, {"targets_met", all_met}};
+    json doc{{"shape", o.shape},
+             {"seed", o.seed},
+             {"zmq_rtt_p50_s", zmq_p50},
+             {"zmq_rtt_p99_s", zmq_p99},
+             {"zmq_idle_gap_s", idle_gap_s},
+             {"zmq_rtt_after_idle_p50_s", zmq_idle_p50},
+             {"zmq_rtt_after_idle_p99_s", zmq_idle_p99},
+             {"targets_met", all_met}};
     json jsizes = json::array();
     for (const SizeRow& r : sizes) {
       jsizes.push_back({{"transport", r.transport}, {"blocks", r.blocks}, {"bytes", r.bytes},
@@ -610,7 +513,7 @@ Status RunTransferBench(const TransferBenchOptions& o) {
     json jlat = json::array();
     for (const LatencyRow& l : latency) {
       jlat.push_back({{"transport", l.transport}, {"bytes", l.bytes}, {"samples", l.samples},
-                      {"p50_s", l.p50_s}, {"p99_s", l.p99_s}});
+                      {"p50_s", l.p50_s}, {"p99_s", l.p99_s}, {"idle_gap_p50_s", l.gap_p50_s}});
     }
     doc["one_block_latency"] = jlat;
     json jab = json::array();

@@ -36,6 +36,7 @@ struct TransferBenchOptions {
   std::string latency_shape = "small";
   uint32_t abort_probes = 0;             // abort-on-P probes per transport (0: skip)
   uint32_t tcp_streams = 4;
+  int64_t inline_write_kib = -1;  // -1: the engines' default
   std::string ucx_tls;
   std::string logs = "/tmp/kvrelay-bench-transfer";
   std::string json_path;                 // "-" for stdout

@@ -198,6 +198,7 @@ class ShmTarget final : public Target {
     stats_->bytes_written.fetch_add(total, std::memory_order_relaxed);
     return Status::Ok();
   }
+  bool CopiesInPlace() const override { return true; }
 
  private:
   Region* const local_;

@@ -135,6 +135,11 @@ class Target {
   Status Write(TransferId transfer, std::span<const Segment> segments) {
     return Write(transfer, segments, Instant::Never());
   }
+  // True if Write is only a copy between two local mappings: it never waits
+  // on a peer, a socket or a lock another process holds, so its time is the
+  // copy's. A caller may then run a small write on its own thread instead
+  // of handing it to a worker (a hand-off costs more than a small copy).
+  virtual bool CopiesInPlace() const { return false; }
 };
 
 // A remote region, open for reading into a local one (read mode).

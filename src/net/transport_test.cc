@@ -1347,6 +1347,19 @@ TEST(ShmReadTest, AReadFromARegionWhoseProcessDiedFails) {
   EXPECT_EQ(shm_unlink(name.c_str()), 0) << name;
 }
 
+// Only shm's write is a bare copy between two mappings; a rank runs such a
+// small write on its own thread (RankActor, inline_write_bytes). tcp and ucx
+// wait on a peer and must stay on the writer pool.
+TEST_P(TransportTest, OnlyShmCopiesInPlace) {
+  const RegionLayout layout = SmallLayout();
+  auto p = NewRegion(*p_, layout);
+  auto d = NewRegion(*d_, layout);
+  ASSERT_TRUE(p && d);
+  auto target = OpenTarget(*d, *p);
+  ASSERT_TRUE(target);
+  EXPECT_EQ(target->CopiesInPlace(), GetParam() == TransportKind::kShm);
+}
+
 TEST(TransportNamesTest, ParseAndNameRoundTrip) {
   for (TransportKind k : {TransportKind::kShm, TransportKind::kTcp, TransportKind::kUcx}) {
     TransportKind parsed = TransportKind::kShm;

@@ -35,6 +35,7 @@ struct NodeOptions {
   std::string advertise_host = "127.0.0.1";  // what D is told to connect to
   uint16_t ctrl_port = 0;                  // rank r of a P engine binds ctrl_port + r
   uint32_t num_workers = 4;                // writes (reads, in read mode) in flight per rank
+  uint64_t inline_write_bytes = 1 << 20;   // shm: smaller writes run on the rank's thread
   KvMode kv_mode = KvMode::kPush;          // push: P writes; read: D reads under a lease
   Duration lease = Duration::Seconds(30);            // read mode: initial lease (P)
   Duration lease_extension = Duration::Seconds(20);  // read mode: per heartbeat (P)

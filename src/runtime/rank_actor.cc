@@ -898,27 +898,44 @@ void RankActor::StartWriteJob(StartWrite w) {
   const PeerId peer = w.peer;
   const uint64_t bytes = job.bytes;
   const Instant started = MonoNow();
+  if (bytes <= options_.inline_write_bytes && d.target->CopiesInPlace()) {
+    // Here, now: the outcome is queued before Pump looks again, so the
+    // answer leaves in this same turn of the loop.
+    ++counters_.writes_inline;
+    job.done = [this, id, peer, bytes, started](const Status& s) {
+      CountWrite(s, bytes, started);
+      OnWriteJobDone(id, peer, s.ok(), s.code() == StatusCode::kUnavailable);
+    };
+    WriterPool::RunJob(job);
+    return;
+  }
   job.done = [this, id, peer, bytes, started](const Status& s) {
-    if (s.ok()) {
-      ++counters_.writes_ok;
-      counters_.bytes_written += bytes;
-      if (sink_.write) sink_.write((MonoNow() - started).seconds());
-    } else {
-      ++counters_.writes_failed;
-      LogOnce("rank", "write:" + std::string(StatusCodeName(s.code())),
-              "rank " + std::to_string(options_.rank) + ": a write failed: " + s.ToString());
-    }
+    CountWrite(s, bytes, started);
     const bool ok = s.ok();
     const bool broken = s.code() == StatusCode::kUnavailable;
-    inbox_.Post([this, id, ok, broken, peer] {
-      deferred_write_done_.emplace_back(id, ok);
-      // A transport that lost its peer stays failed: reopen on the next
-      // handshake (D resends one every heartbeat).
-      auto dp = dpeers_.find(peer.index);
-      if (broken && dp != dpeers_.end() && dp->second.peer == peer) dp->second.target.reset();
-    });
+    inbox_.Post([this, id, ok, broken, peer] { OnWriteJobDone(id, peer, ok, broken); });
   };
   if (!writers_->Submit(std::move(job))) deferred_write_done_.emplace_back(id, false);
+}
+
+void RankActor::CountWrite(const Status& s, uint64_t bytes, Instant started) {
+  if (s.ok()) {
+    ++counters_.writes_ok;
+    counters_.bytes_written += bytes;
+    if (sink_.write) sink_.write((MonoNow() - started).seconds());
+  } else {
+    ++counters_.writes_failed;
+    LogOnce("rank", "write:" + std::string(StatusCodeName(s.code())),
+            "rank " + std::to_string(options_.rank) + ": a write failed: " + s.ToString());
+  }
+}
+
+void RankActor::OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken) {
+  deferred_write_done_.emplace_back(id, ok);
+  // A transport that lost its peer stays failed: reopen on the next
+  // handshake (D resends one every heartbeat).
+  auto dp = dpeers_.find(peer.index);
+  if (broken && dp != dpeers_.end() && dp->second.peer == peer) dp->second.target.reset();
 }
 
 }  // namespace kvrelay::runtime

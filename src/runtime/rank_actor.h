@@ -98,6 +98,11 @@ struct RankActorOptions {
   LoadTableOptions load;
   LeaseTableOptions lease;     // read mode, P
   ReadLoadTableOptions read;   // read mode, D
+  // P: a write of at most this many bytes to a target that only copies
+  // between local mappings (shm) runs on the rank's own thread instead of
+  // a worker: waking a worker and being woken back costs two thread
+  // hand-offs, more than such a copy (docs/performance.md). 0: never.
+  uint64_t inline_write_bytes = 1 << 20;
   WireLimits limits;
   Duration heartbeat = Duration::Seconds(1);
   Duration peer_down_after = Duration::Seconds(3);
@@ -118,6 +123,7 @@ struct RankCounters {
   std::atomic<uint64_t> handshakes{0};
   std::atomic<uint64_t> peers_down{0}, peers_gone{0}, reconnects{0};
   std::atomic<uint64_t> writes_ok{0}, writes_failed{0}, bytes_written{0};
+  std::atomic<uint64_t> writes_inline{0};  // of those, run on the rank's thread
   std::atomic<uint64_t> reads_ok{0}, reads_failed{0}, bytes_read{0};  // read mode, D
   std::atomic<uint64_t> pulls_sent{0}, answers_received{0};
   // Access control. auth_failed: handshakes refused because their MAC did
@@ -227,6 +233,10 @@ class RankActor {
   void Pump();
   void SendOut(OutMessage out);
   void StartWriteJob(StartWrite w);
+  // The end of a write: counts it (any thread), then (actor thread) queues
+  // its outcome for the table and drops a target that lost its peer.
+  void CountWrite(const Status& s, uint64_t bytes, Instant started);
+  void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
   void StartReadJob(StartRead r);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
   void NotifyKnown() EXCLUDES(known_mu_);

@@ -44,12 +44,16 @@ void WriterPool::Run() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (MonoNow() >= job.deadline) {
-      job.done(DeadlineExceededError("the pull's deadline passed before the write started"));
-      continue;
-    }
-    job.done(job.target->Write(job.transfer, job.segments, job.deadline));
+    RunJob(job);
   }
+}
+
+void WriterPool::RunJob(WriteJob& job) {
+  if (MonoNow() >= job.deadline) {
+    job.done(DeadlineExceededError("the pull's deadline passed before the write started"));
+    return;
+  }
+  job.done(job.target->Write(job.transfer, job.segments, job.deadline));
 }
 
 }  // namespace kvrelay::runtime

@@ -9,7 +9,8 @@
 // a byte: no write starts after D gave up.
 //
 // Ownership: owned by a RankActor. Submit from the rank's thread; `done`
-// runs on a worker thread (it posts back to the rank's inbox). Stop (and
+// runs on a worker thread (it posts back to the rank's inbox), or on the
+// caller's thread for a job it runs itself with RunJob. Stop (and
 // the destructor) from the owner's thread only: it joins the workers.
 #pragma once
 
@@ -48,6 +49,13 @@ class WriterPool {
   // write at once).
   bool Submit(WriteJob job) EXCLUDES(mu_);
   void Stop() EXCLUDES(mu_);
+
+  // Runs `job` on the calling thread, as a worker would: fails it with
+  // kDeadlineExceeded without touching a byte if its deadline has passed,
+  // else writes; then calls `done`. Workers run every job through it; a
+  // caller runs a small job whose target CopiesInPlace() through it
+  // directly (RankActor, `inline_write_bytes`).
+  static void RunJob(WriteJob& job);
 
  private:
   void Run() EXCLUDES(mu_);

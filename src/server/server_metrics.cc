@@ -10,7 +10,7 @@ namespace {
 enum Slot {
   kFramesIn, kFramesOut, kMalformed, kUnknownSender, kHandshakeRefused, kUnroutable,
   kHandshakes, kPeersDown, kPeersGone, kReconnects, kWritesOk, kWritesFailed, kBytesWritten,
-  kPullsSent, kAnswersReceived, kSlots
+  kPullsSent, kAnswersReceived, kWritesInline, kSlots
 };
 static_assert(kSlots <= 16);
 const std::vector<double>& TransferBuckets() {
@@ -202,6 +202,8 @@ ServerMetrics::ServerMetrics() {
            C{"kvrelay_peer_reconnects_total", "silent peers that came back", kReconnects},
            C{"kvrelay_writes_ok_total", "data-plane writes completed (P)", kWritesOk},
            C{"kvrelay_writes_failed_total", "data-plane writes failed (P)", kWritesFailed},
+           C{"kvrelay_writes_inline_total",
+             "of the writes, run on the rank's own thread (shm, small) (P)", kWritesInline},
            C{"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", kBytesWritten},
            C{"kvrelay_pulls_sent_total", "pull items sent (D)", kPullsSent},
            C{"kvrelay_answers_received_total", "answers received (D)", kAnswersReceived},
@@ -303,7 +305,7 @@ std::string ServerMetrics::Render(runtime::Node& node) {
         &c.frames_in,   &c.frames_out, &c.malformed, &c.unknown_sender, &c.handshake_refused,
         &c.unroutable,  &c.handshakes, &c.peers_down, &c.peers_gone,    &c.reconnects,
         &c.writes_ok,   &c.writes_failed, &c.bytes_written, &c.pulls_sent,
-        &c.answers_received};
+        &c.answers_received, &c.writes_inline};
     for (int i = 0; i < kSlots; ++i) snap_.counters[i] += fields[i]->load();
     snap_.access[0] += c.auth_failed.load();
     snap_.access[1] += c.pulls_refused_unauthenticated.load();
