@@ -1,0 +1,167 @@
+// rank_actor_jobs.cc — RankActor's data-plane jobs: a write P runs for a
+// pull (StartWriteJob) and a read D runs under a lease (StartReadJob), the
+// checks on the peer's block ids before planning, and where each job runs.
+//
+// Why a file of its own: the rest of rank_actor.cc is the control channel
+// (sockets, frames, handshakes, heartbeats); this is the part that moves
+// bytes and decides which thread moves them. A write that is only a local
+// copy (shm) and small runs here on the rank's thread; every other job goes
+// to the rank's WriterPool and its outcome comes back through the inbox.
+//
+// Thread safety: every function here runs on the rank's thread, except the
+// jobs' `done` callbacks of pool jobs, which run on a worker and only count
+// and post back (CountWrite and the counters are atomics).
+#include <memory>
+#include <string>
+
+#include "net/write_plan.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+#include "runtime/rank_actor.h"
+
+namespace kvrelay::runtime {
+
+namespace {
+// Lets a read run on the WriterPool: the pool moves bytes through a
+// Target; this one pulls them from P's region instead (Source::Read).
+class ReadThroughSource final : public net::Target {
+ public:
+  explicit ReadThroughSource(std::shared_ptr<net::Source> source) : source_(std::move(source)) {}
+  Status Write(TransferId transfer, std::span<const net::Segment> segments, Instant) override {
+    return source_->Read(transfer, segments);
+  }
+
+ private:
+  std::shared_ptr<net::Source> source_;
+};
+}  // namespace
+
+void RankActor::StartReadJob(StartRead r) {
+  auto it = conns_.find({r.peer.index / kRanksPerEngine, r.peer.index % kRanksPerEngine});
+  if (it == conns_.end() || !it->second.known || it->second.peer != r.peer ||
+      it->second.source == nullptr) {
+    deferred_read_done_.emplace_back(r.read, false);  // gone, or not readable
+    return;
+  }
+  const Conn& c = it->second;
+  // P's block ids come from the peer: check them before planning.
+  bool valid = r.src.size() == r.dst.size() && !r.dst.empty();
+  for (size_t i = 0; valid && i < r.dst.size(); ++i) {
+    valid = r.src[i].index < c.num_blocks && r.dst[i].index < options_.num_blocks;
+  }
+  if (!valid) {
+    ++counters_.malformed;
+    LogOnce("rank", "bad_src", "rank " + std::to_string(options_.rank) +
+                                   ": a grant named blocks outside P's pool (or a different "
+                                   "count than the load); failing its read");
+    deferred_read_done_.emplace_back(r.read, false);
+    return;
+  }
+  WriteJob job;
+  job.target = std::make_shared<ReadThroughSource>(c.source);
+  job.transfer = r.transfer;
+  // Planned as P would write it: src offsets in P's region, dst in ours.
+  job.segments = net::PlanWrite(options_.shape, c.tp, c.rank, c.num_blocks, options_.tp,
+                                options_.rank, options_.num_blocks, r.src, r.dst);
+  for (const net::Segment& seg : job.segments) job.bytes += seg.bytes;
+  job.deadline = r.deadline;
+  const ReadId id = r.read;
+  const uint64_t bytes = job.bytes;
+  const std::pair<uint32_t, uint32_t> key{c.engine, c.rank};
+  job.done = [this, id, bytes, key](const Status& s) {
+    if (s.ok()) {
+      ++counters_.reads_ok;
+      counters_.bytes_read += bytes;
+    } else {
+      ++counters_.reads_failed;
+      LogOnce("rank", "read:" + std::string(StatusCodeName(s.code())),
+              "rank " + std::to_string(options_.rank) + ": a read failed: " + s.ToString());
+    }
+    const bool ok = s.ok();
+    const bool broken = s.code() == StatusCode::kUnavailable;
+    inbox_.Post([this, id, ok, broken, key] {
+      deferred_read_done_.emplace_back(id, ok);
+      // A source that lost its P stays failed: reopen on the next handshake.
+      auto conn = conns_.find(key);
+      if (broken && conn != conns_.end()) {
+        conn->second.source.reset();
+        conn->second.registration.clear();
+      }
+    });
+  };
+  if (!writers_->Submit(std::move(job))) deferred_read_done_.emplace_back(id, false);
+}
+
+void RankActor::StartWriteJob(StartWrite w) {
+  auto it = dpeers_.find(w.peer.index);
+  if (it == dpeers_.end() || it->second.peer != w.peer || it->second.target == nullptr) {
+    deferred_write_done_.emplace_back(w.write, false);  // gone, or its target broke
+    return;
+  }
+  const DPeer& d = it->second;
+  // Block ids come from the peer: check them before planning (a bad id is
+  // the peer's error, answered as a failed write, never a crash).
+  bool valid = w.src.size() == w.dst.size() && !w.dst.empty();
+  for (size_t i = 0; valid && i < w.dst.size(); ++i) {
+    valid = w.dst[i].index < d.num_blocks && w.src[i].index < options_.num_blocks;
+  }
+  if (!valid) {
+    ++counters_.malformed;
+    LogOnce("rank", "bad_dst", "rank " + std::to_string(options_.rank) +
+                                   ": a pull named blocks outside D's pool (or a different "
+                                   "count than the send holds); failing its write");
+    deferred_write_done_.emplace_back(w.write, false);
+    return;
+  }
+  WriteJob job;
+  job.target = d.target;
+  job.transfer = w.transfer;
+  job.segments = net::PlanWrite(options_.shape, options_.tp, options_.rank, options_.num_blocks,
+                                d.tp, d.rank, d.num_blocks, w.src, w.dst);
+  for (const net::Segment& s : job.segments) job.bytes += s.bytes;
+  job.deadline = w.deadline;
+  const WriteId id = w.write;
+  const PeerId peer = w.peer;
+  const uint64_t bytes = job.bytes;
+  const Instant started = MonoNow();
+  if (bytes <= options_.inline_write_bytes && d.target->CopiesInPlace()) {
+    // Here, now: the outcome is queued before Pump looks again, so the
+    // answer leaves in this same turn of the loop.
+    ++counters_.writes_inline;
+    job.done = [this, id, peer, bytes, started](const Status& s) {
+      CountWrite(s, bytes, started);
+      OnWriteJobDone(id, peer, s.ok(), s.code() == StatusCode::kUnavailable);
+    };
+    WriterPool::RunJob(job);
+    return;
+  }
+  job.done = [this, id, peer, bytes, started](const Status& s) {
+    CountWrite(s, bytes, started);
+    const bool ok = s.ok();
+    const bool broken = s.code() == StatusCode::kUnavailable;
+    inbox_.Post([this, id, ok, broken, peer] { OnWriteJobDone(id, peer, ok, broken); });
+  };
+  if (!writers_->Submit(std::move(job))) deferred_write_done_.emplace_back(id, false);
+}
+
+void RankActor::CountWrite(const Status& s, uint64_t bytes, Instant started) {
+  if (s.ok()) {
+    ++counters_.writes_ok;
+    counters_.bytes_written += bytes;
+    if (sink_.write) sink_.write((MonoNow() - started).seconds());
+  } else {
+    ++counters_.writes_failed;
+    LogOnce("rank", "write:" + std::string(StatusCodeName(s.code())),
+            "rank " + std::to_string(options_.rank) + ": a write failed: " + s.ToString());
+  }
+}
+
+void RankActor::OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken) {
+  deferred_write_done_.emplace_back(id, ok);
+  // A transport that lost its peer stays failed: reopen on the next
+  // handshake (D resends one every heartbeat).
+  auto dp = dpeers_.find(peer.index);
+  if (broken && dp != dpeers_.end() && dp->second.peer == peer) dp->second.target.reset();
+}
+
+}  // namespace kvrelay::runtime
