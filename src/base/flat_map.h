@@ -109,6 +109,15 @@ class FlatMap {
     return i == kNotFound ? end() : At(i);
   }
   size_t count(const K& key) const { return Locate(key) == kNotFound ? 0 : 1; }
+
+  // A hint: starts loading the cache line where `key`'s probe begins, so a
+  // caller that will look up several independent keys can overlap their
+  // cache misses (issue them all, then do the lookups). No effect on the
+  // contents; pure (a compiler builtin, no call).
+  void prefetch(const K& key) const {
+    if (slots_.empty()) return;
+    __builtin_prefetch(&slots_[Home(key)]);
+  }
   bool contains(const K& key) const { return Locate(key) != kNotFound; }
 
   // Inserts (key, value) if `key` is absent; leaves an existing entry as it
@@ -176,10 +185,21 @@ class FlatMap {
 
  private:
   static constexpr size_t kNotFound = SIZE_MAX;
-  struct Slot {
+  struct RawSlot {
     value_type kv{};
     uint32_t dist = 0;  // 0: empty; else 1 + distance from the home slot
   };
+  // A slot whose size is a power of two up to a cache line is aligned to
+  // its size, so it never straddles two lines: malloc returns 16-byte
+  // aligned blocks, and a 32-byte slot (TransferId → uint32_t) at offset
+  // 16 mod 64 split every other slot, so a probe touched two lines where
+  // one would do (cachegrind: 0.3-0.5 extra misses per lookup at 100,000
+  // keys). std::allocator honours the alignment (aligned operator new).
+  static constexpr size_t kSlotAlign =
+      (sizeof(RawSlot) <= 64 && (sizeof(RawSlot) & (sizeof(RawSlot) - 1)) == 0)
+          ? sizeof(RawSlot)
+          : alignof(RawSlot);
+  struct alignas(kSlotAlign) Slot : RawSlot {};
 
   iterator At(size_t i) {
     return iterator(slots_.data() + i, slots_.data() + slots_.size());

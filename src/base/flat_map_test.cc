@@ -119,6 +119,26 @@ TEST(FlatMapTest, AllCollideStillCorrect) {
   }
 }
 
+// 32-byte slots (TransferId → uint32_t) are aligned to 32 bytes, so no slot
+// straddles two cache lines; prefetch is a hint and changes nothing.
+TEST(FlatMapTest, SlotsDoNotStraddleCacheLinesAndPrefetchIsInert) {
+  FlatMap<TransferId, uint32_t> m;
+  m.prefetch(TransferId{1, 2});  // empty: no array yet
+  for (uint64_t i = 0; i < 1000; ++i) m.emplace(TransferId{i, ~i}, static_cast<uint32_t>(i));
+  for (const auto& kv : m) {
+    const auto addr = reinterpret_cast<uintptr_t>(&kv);
+    ASSERT_EQ(addr % 32, 0u);
+  }
+  for (uint64_t i = 0; i < 2000; ++i) m.prefetch(TransferId{i, ~i});
+  EXPECT_EQ(m.size(), 1000u);
+  for (uint64_t i = 0; i < 1000; ++i) {
+    auto it = m.find(TransferId{i, ~i});
+    ASSERT_NE(it, m.end());
+    EXPECT_EQ(it->second, i);
+  }
+  m.CheckInvariants();
+}
+
 TEST(FlatMapTest, ReserveAvoidsGrowth) {
   FlatMap<uint64_t, int> m;
   m.reserve(1000);

@@ -32,6 +32,11 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
                         std::span<const PeerId> producers,
                         std::vector<BlockId> dst, Instant now,
                         uint64_t prompt_hash) {
+  // Both indexes are looked up below with unrelated keys: with many loads
+  // in flight each lookup is a cache miss, and issuing both now lets them
+  // overlap (and overlap the shape check) instead of one after the other.
+  by_transfer_.prefetch(transfer);
+  by_request_.prefetch(request);
   if (Status shape = CheckLoadShape(producers, dst.size(), options_.max_producers);
       !shape.ok()) {
     return shape;

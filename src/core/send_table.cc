@@ -20,6 +20,9 @@ SendTable::SendTable(const SendTableOptions& options) : options_(options) {
 Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
                         uint64_t prompt_hash, uint32_t consumer_engine) {
   KV_CHECK_GE(need, 1u);
+  // With many sends in flight the index lookup below is a cache miss:
+  // start it now so it overlaps the tombstone pruning.
+  index_.prefetch(transfer);
   PruneTombstones(now);
   ++stats_.claims;
   auto it = index_.find(transfer);
@@ -198,6 +201,10 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
   rest.clear();
   for (const PullItem& item : items) {
     ++stats_.pull_items;
+    // The remembered-answers lookup below and the index lookups that
+    // follow use unrelated keys; start the index's cache miss now so the
+    // two overlap.
+    index_.prefetch(item.transfer);
     const uint64_t key = ItemKey(peer, pull_seq, item.transfer);
     if (live_keys_.count(key) != 0) {
       ++stats_.duplicate_items;  // resent while live: its answer will come
