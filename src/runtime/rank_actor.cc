@@ -193,7 +193,10 @@ void RankActor::Loop() {
     Instant now = MonoNow();
     Instant wake = next_heartbeat_;
     if (auto d = conn_.NextDeadline()) wake = std::min(wake, *d);
-    zmq_poll(items.data(), static_cast<int>(items.size()), ToMillis(wake - now));
+    // Outcomes Pump left for lack of rounds (a long chain of inline
+    // writes): nothing would wake us for them, so only look and go on.
+    const bool pending = !deferred_write_done_.empty() || !deferred_read_done_.empty();
+    zmq_poll(items.data(), static_cast<int>(items.size()), pending ? 0 : ToMillis(wake - now));
 
     inbox_.Take(&fns);
     for (auto& fn : fns) fn();
