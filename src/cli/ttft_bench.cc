@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "base/prng.h"
@@ -20,6 +21,7 @@
 #include "cli/bench_cluster.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "router/sse_splitter.h"
 #include "router/transfer_id_source.h"
 
 namespace kvrelay::cli {
@@ -55,7 +57,8 @@ Result<Streamed> StreamOne(httplib::Client& cli, const json& body, double timeou
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   int status = 0;
-  std::string buf, raw, error;
+  router::SseSplitter sse;  // the router's: events however the bytes were chunked
+  std::string raw, error;
   bool done = false;
   json final_event;
   const Clock::time_point t0 = Clock::now();
@@ -68,18 +71,15 @@ Result<Streamed> StreamOne(httplib::Client& cli, const json& body, double timeou
       raw.append(data, n);
       return raw.size() < (1u << 20);
     }
-    buf.append(data, n);
-    size_t pos;
-    while ((pos = buf.find("\n\n")) != std::string::npos) {
-      const std::string ev = buf.substr(0, pos);
-      buf.erase(0, pos + 2);
-      if (ev.rfind("data: ", 0) != 0) continue;  // a keep-alive comment
-      const std::string data_line = ev.substr(6);
-      if (data_line == "[DONE]") {
+    sse.Feed({data, n});
+    while (std::optional<std::string> ev = sse.Next()) {
+      const std::optional<std::string> data_line = router::SseSplitter::DataOf(*ev);
+      if (!data_line) continue;  // a keep-alive comment
+      if (*data_line == "[DONE]") {
         done = true;
         continue;
       }
-      const json j = json::parse(data_line, nullptr, false);
+      const json j = json::parse(*data_line, nullptr, false);
       if (j.is_discarded()) continue;
       if (j.contains("error") && !j["error"].is_null()) {
         error = j["error"].is_object() ? j["error"].value("message", "error") : j["error"].dump();
