@@ -2,9 +2,9 @@
 // pull (StartWriteJob) and a read D runs under a lease (StartReadJob), the
 // checks on the peer's block ids before planning, and where each job runs.
 //
-// Why a file of its own: the rest of rank_actor.cc is the control channel
-// (sockets, frames, handshakes, heartbeats); this is the part that moves
-// bytes and decides which thread moves them. A write that is only a local
+// Why a file of its own: rank_actor.cc is the control channel (sockets,
+// frames, heartbeats), rank_actor_handshake.cc the handshakes; this is the
+// part that moves bytes and decides which thread moves them. A write that is only a local
 // copy (shm) and small runs here on the rank's thread; every other job goes
 // to the rank's WriterPool and its outcome comes back through the inbox.
 //
