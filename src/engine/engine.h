@@ -17,8 +17,8 @@
 // from its producer, then decodes; `both` serves either; `plain` transfers
 // nothing (the reference engine).
 //
-// Lifecycle operations (lifecycle.cc) are queued and run at the start of a
-// step, one at a time. Every operation that resets the cache goes through
+// Lifecycle operations (lifecycle.cc) are queued and run one at a time, at
+// the start of a step or at a Control() call between steps. Every operation that resets the cache goes through
 // one path, ProgressControl():
 //   quiesce (abort | wait for in-flight requests to finish | keep: freeze)
 //   → preempt every request that holds KV (it recomputes later, in queue
@@ -145,6 +145,12 @@ class Engine {
   // One step: rank reports, lifecycle, scheduling, metadata. Returns the
   // modelled duration of the compute it did (zero if none).
   Duration Step(std::span<const RankReport> reports, Instant now);
+  // Between steps, while the last step's modelled compute still runs:
+  // aborts and lifecycle operations that arrived since take effect, and
+  // their connector metadata (a send to abort, a load to release) goes
+  // out now instead of at the next step. Schedules nothing and costs no
+  // compute: what it does, the next Step would have done first.
+  void Control();
   // True if a step now would do something (requests to run, an operation
   // in progress).
   bool HasWork() const { return dirty_; }

@@ -637,6 +637,62 @@ TEST(EngineTest, AbortRequestWhileWaitingAndRunning) {
   EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
 }
 
+// Control(): between steps, while the last step's compute runs, an abort
+// and an operation take effect and their metadata leaves at once.
+
+TEST(EngineControlTest, AbortOfHeldSendLeavesAtControlNotAtNextStep) {
+  EngineOptions o = PlainOptions();
+  o.role = Role::kProducer;
+  Harness h(o);
+  RequestSpec spec;
+  spec.client = 1;
+  spec.prompt = MakePrompt(1, 10);
+  spec.max_tokens = 4;
+  spec.kv.do_remote_decode = true;
+  spec.kv.transfer = TransferId{7, 0x1234};
+  ASSERT_TRUE(h.engine().AddRequest(spec, h.now).ok());
+  // P runs the prompt, emits the first token and holds the KV for D.
+  ASSERT_TRUE(h.StepUntil([&] { return !h.clients[1].dones.empty(); }));
+  ASSERT_EQ(h.engine().Snapshot().held, 1u);
+  const uint64_t steps = h.steps;
+
+  h.engine().AbortRequest(1);
+  EXPECT_FALSE(h.engine().PollAction().has_value()) << "nothing leaves before Control";
+  h.engine().Control();
+  std::optional<EngineAction> a = h.engine().PollAction();
+  ASSERT_TRUE(a.has_value());
+  const auto* m = std::get_if<MetadataOut>(&*a);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->meta.aborts.size(), 1u);
+  EXPECT_EQ(m->meta.aborts[0].transfer, spec.kv.transfer);
+  EXPECT_FALSE(h.engine().PollAction().has_value());
+  EXPECT_EQ(h.steps, steps);
+  // A second Control has nothing to send; the blocks stay held until the
+  // ranks report the send ended.
+  h.engine().Control();
+  EXPECT_FALSE(h.engine().PollAction().has_value());
+  EXPECT_EQ(h.engine().Snapshot().held, 1u);
+}
+
+TEST(EngineControlTest, OperationAnswersAtControlWithoutComputing) {
+  Harness h(PlainOptions());
+  h.MustAdd(1, MakePrompt(1, 10), 12);
+  h.MustAdd(2, MakePrompt(2, 10), 12);
+  h.StepN(2);
+  const size_t tokens = h.TotalTokens();
+  const uint64_t op = h.engine().AbortRequests({1}, false);
+  h.engine().Control();
+  h.Drain();
+  ASSERT_EQ(h.op_dones[op].size(), 1u);
+  EXPECT_TRUE(h.op_dones[op][0].ok);
+  h.ExpectAborted(1);
+  EXPECT_TRUE(h.clients[2].dones.empty());
+  EXPECT_EQ(h.TotalTokens(), tokens) << "Control computes nothing";
+  ASSERT_TRUE(h.RunToIdle());
+  h.ExpectReference(2, 1);
+  EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+}
+
 // ---------------------------------------------------------------------------
 // 6. Lifecycle operations on a plain engine under load.
 
@@ -1307,7 +1363,7 @@ TEST_F(LifecycleTest, SleepLevel2ThenUpdateWeightsThenWakeUp) {
 
 enum class Act : uint8_t {
   kAdd, kAbort, kStep, kAbortRequests, kPause, kResume, kSleep, kWakeUp,
-  kReleaseKv, kResetPrefix, kUpdateWeights,
+  kReleaseKv, kResetPrefix, kUpdateWeights, kControl,
 };
 
 struct RandomOp {
@@ -1329,23 +1385,25 @@ rc::Gen<RandomOp> GenRandomOp(bool with_sleep0) {
           op.act = Act::kAbort;
         } else if (kind < 16) {
           op.act = Act::kStep;
-        } else {
+        } else if (kind < 25) {
           static constexpr Act kLifecycle[] = {
               Act::kAbortRequests, Act::kPause,     Act::kResume,      Act::kSleep,
               Act::kWakeUp,        Act::kReleaseKv, Act::kResetPrefix, Act::kUpdateWeights,
               Act::kResume,
           };
           op.act = kLifecycle[kind - 16];
+        } else {
+          op.act = Act::kControl;  // what arrived takes effect mid-compute
         }
         if (op.act == Act::kSleep && !with_sleep0 && op.a % 3 == 0) op.a += 1;
         return op;
       },
-      rc::gen::inRange(0, 25), rc::gen::arbitrary<uint8_t>(), rc::gen::arbitrary<uint8_t>());
+      rc::gen::inRange(0, 27), rc::gen::arbitrary<uint8_t>(), rc::gen::arbitrary<uint8_t>());
 }
 
 std::string Describe(const RandomOp& op) {
   const char* names[] = {"Add", "Abort", "Step", "AbortRequests", "Pause", "Resume", "Sleep",
-                         "WakeUp", "ReleaseKv", "ResetPrefix", "UpdateWeights"};
+                         "WakeUp", "ReleaseKv", "ResetPrefix", "UpdateWeights", "Control"};
   return std::string(names[static_cast<int>(op.act)]) + "(" + std::to_string(op.a) + "," +
          std::to_string(op.b) + ")";
 }
@@ -1453,6 +1511,9 @@ void RunInterleaving(const std::vector<RandomOp>& ops, DrainStyle style) {
       case Act::kUpdateWeights:
         issued_ops.push_back(
             h.engine().UpdateWeights(next_version++, static_cast<PauseMode>(op.a % 3)));
+        break;
+      case Act::kControl:
+        h.engine().Control();
         break;
     }
     h.Drain();

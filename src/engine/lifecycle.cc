@@ -16,7 +16,10 @@
 //               come back as failed loads and wait to recompute), then
 //               reset the pool and finish the operation
 //
-// Operations queue and run one at a time, at the start of engine steps.
+// Operations queue and run one at a time, at the start of engine steps and
+// at Control() calls between them (the runtime calls it when an abort or an
+// operation arrives during a step's compute, so an abort on P reaches the
+// ranks without waiting for the step to end).
 #include <algorithm>
 
 #include "base/check.h"
@@ -125,6 +128,12 @@ bool Engine::NeedsReset(const ControlOp& op) const {
     case OpKind::kUpdateWeights: return true;
     default: return false;
   }
+}
+
+void Engine::Control() {
+  ProgressControl();
+  ConnectorMetadata meta = connector_.BuildMetadata();
+  if (!meta.empty()) actions_.push_back(MetadataOut{std::move(meta)});
 }
 
 void Engine::Done(uint64_t op, bool ok, std::string detail) {

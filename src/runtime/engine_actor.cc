@@ -107,8 +107,7 @@ void EngineActor::Loop() {
         for (RankReport& r : reports) r = RankReport{};
       }
       Dispatch();
-      // The modelled compute time of this step: the engine is busy.
-      std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(compute.ns()));
+      SpendCompute(t0 + std::chrono::nanoseconds(compute.ns()), &fns);
       continue;
     }
     inbox_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
@@ -118,6 +117,24 @@ void EngineActor::Loop() {
   inbox_.Take(&fns);
   for (auto& fn : fns) fn();
   FailAll("engine stopped");
+}
+
+// The modelled compute time of a step: no step starts before `until`, but
+// what arrives meanwhile runs now — the scheduler is free while the model
+// computes — and Control() sends the metadata of an abort or an operation
+// at once. An abort on P thus reaches the ranks within the inbox's wake-up,
+// not after the rest of the step.
+void EngineActor::SpendCompute(std::chrono::steady_clock::time_point until,
+                               std::deque<Inbox::Fn>* fns) {
+  while (!stopping_ && std::chrono::steady_clock::now() < until) {
+    inbox_.WaitUntil(until);
+    inbox_.Take(fns);
+    if (fns->empty()) continue;  // a kick: reports wait for the next step
+    for (auto& fn : *fns) fn();
+    fns->clear();
+    engine_->Control();
+    Dispatch();
+  }
 }
 
 void EngineActor::Dispatch() {

@@ -7,8 +7,9 @@
 //   take closures and reports → run the closures → if the engine has work
 //   or reports arrived, Step(reports, now) → dispatch its actions (tokens
 //   and finishes to RequestStreams, metadata to every rank actor, OpDone
-//   to the caller waiting for it) → sleep the step's modelled compute time
-//   → wait for the next input.
+//   to the caller waiting for it) → spend the step's modelled compute time,
+//   running what arrives meanwhile and sending its metadata at once
+//   (Engine::Control) → wait for the next input.
 // The engine frees blocks itself, at a step, after the ranks report that
 // no transfer touches them (vLLM's get_finished() contract).
 //
@@ -17,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <future>
 #include <memory>
@@ -87,6 +89,7 @@ class EngineActor {
  private:
   void Loop();
   void Dispatch();
+  void SpendCompute(std::chrono::steady_clock::time_point until, std::deque<Inbox::Fn>* fns);
   void FailAll(const std::string& why);
 
   std::unique_ptr<engine::Engine> engine_;

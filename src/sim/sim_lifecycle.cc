@@ -56,8 +56,7 @@ void Simulator::StartOp(uint32_t e) {
     case 5: eng.AbortRequests({}, true); needs_end = false; break;
     default: eng.Pause(engine::PauseMode::kKeep, false); Hit(Mark::kOpPause); break;
   }
-  DrainEngine(e);
-  ScheduleStep(e);
+  AfterInput(e);
   if (needs_end) {
     queue_.Push(Event{now_ + Duration::Microseconds(prng_.Range(1, 200000)), 0,
                       EventKind::kLifecycleEnd, 0, e, 0, nodes_[e].incarnation});
@@ -102,8 +101,7 @@ void Simulator::StartPlannedOp(uint32_t e) {
     case Op::kNone: return;
   }
   planned_[{e, id}] = PlannedOp{now_, leaves_paused, false};
-  DrainEngine(e);
-  ScheduleStep(e);
+  AfterInput(e);
 }
 
 // A planned call returned: record it, and resume / wake the engine if the
@@ -142,8 +140,7 @@ void Simulator::EndOps() {
   for (uint32_t e = 0; e < nodes_.size(); ++e) {
     nodes_[e].engine->Resume();
     nodes_[e].engine->WakeUp();
-    DrainEngine(e);
-    ScheduleStep(e);
+    AfterInput(e);
   }
 }
 

@@ -317,8 +317,7 @@ void Simulator::Dispatch(const Event& ev) {
         if (s.code() == StatusCode::kAlreadyExists) Hit(Mark::kDuplicateTransferRejected);
         LegEnded(ev.b, ev.a, LegOutcome::kError);
       }
-      DrainEngine(ev.b);
-      ScheduleStep(ev.b);
+      AfterInput(ev.b);
       break;
     }
     case EventKind::kClientAbort:
@@ -327,8 +326,7 @@ void Simulator::Dispatch(const Event& ev) {
     case EventKind::kAbortArrive:
       if (ev.x == nodes_[ev.b].incarnation) {
         nodes_[ev.b].engine->AbortRequest(ev.a);
-        DrainEngine(ev.b);
-        ScheduleStep(ev.b);
+        AfterInput(ev.b);
       }
       break;
     case EventKind::kEngineStep: {
@@ -351,8 +349,7 @@ void Simulator::Dispatch(const Event& ev) {
       if (ev.x == nodes_[ev.b].incarnation) {
         nodes_[ev.b].engine->Resume();
         nodes_[ev.b].engine->WakeUp();
-        DrainEngine(ev.b);
-        ScheduleStep(ev.b);
+        AfterInput(ev.b);
       }
       break;
     case EventKind::kRankTimer: {
@@ -414,6 +411,12 @@ void Simulator::ScheduleStep(uint32_t engine, Duration after) {
   node.step_scheduled = true;
   queue_.Push(Event{now_ + std::max(after, params_.step_time), 0, EventKind::kEngineStep, 0,
                     engine, 0, node.incarnation});
+}
+
+void Simulator::AfterInput(uint32_t engine) {
+  nodes_[engine].engine->Control();
+  DrainEngine(engine);
+  ScheduleStep(engine);
 }
 
 // Moves the engine's actions into the world: tokens and finished legs to

@@ -105,6 +105,10 @@ class Simulator {
   void ApplyToRanks(uint32_t engine, const ConnectorMetadata& meta);
   void ScheduleStep(uint32_t engine, Duration after = Duration::Zero());
   void DrainEngine(uint32_t engine);
+  // An input (request, abort, operation) reached `engine`, maybe during a
+  // step's compute: Control() now — as the runtime's engine actor does —
+  // then drain its actions and make sure a step follows.
+  void AfterInput(uint32_t engine);
   void LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome);
   void CheckTokens(uint32_t request, bool p_leg);
   void Violation(const std::string& what);
