@@ -46,6 +46,11 @@ class ByteKvMemory final : public KvMemory {
 
   void Write(BlockId b, uint32_t group, uint64_t digest) override;
   uint64_t Read(BlockId b, uint32_t group) const override;
+  // REQUIRES: this memory holds every head group (first_group 0, all groups).
+  void ReadBlocks(std::span<const BlockId> blocks, std::span<uint64_t> out) const override;
+  // ReadBlocks for this memory's groups only: fills out[i * kHeadGroups + g]
+  // for g in [first_group, first_group + groups), leaves the rest.
+  void ReadOwnGroups(std::span<const BlockId> blocks, std::span<uint64_t> out) const;
   void OnAllocate(BlockId, TransferId) override {}
   void OnFree(BlockId) override {}
   void OnReset() override;

@@ -4,7 +4,9 @@
 
 #include <vector>
 
+#include "base/prng.h"
 #include "engine/engine.h"
+#include "engine/ranked_kv_memory.h"
 
 namespace kvrelay::engine {
 namespace {
@@ -69,6 +71,66 @@ TEST(ByteKvMemoryTest, RankShareHoldsOnlyItsGroups) {
   m.Write(BlockId{0, 1}, 3, 9);
   EXPECT_EQ(m.Read(BlockId{0, 1}, 3), 9u);
   EXPECT_DEATH(m.Write(BlockId{0, 1}, 1, 9), "CHECK failed");
+}
+
+// ReadBlocks walks the region layer by layer; it must give exactly what
+// Read gives per block and group, a wrong byte anywhere included.
+TEST(ByteKvMemoryTest, ReadBlocksEqualsReadAndCatchesEveryWrongByte) {
+  const ModelShape s = Shape("tiny");
+  std::vector<uint8_t> region(ByteKvMemory::RegionBytes(s, 8, kHeadGroups));
+  ByteKvMemory m(s, 8, 0, kHeadGroups, region);
+  const std::vector<BlockId> blocks = {{5, 1}, {2, 1}, {3, 1}, {7, 2}};
+  for (const BlockId& b : blocks) {
+    for (uint32_t g = 0; g < kHeadGroups; ++g) m.Write(b, g, Mix64(b.index * 10 + g));
+  }
+  const auto read_each = [&] {
+    std::vector<uint64_t> v;
+    for (const BlockId& b : blocks) {
+      for (uint32_t g = 0; g < kHeadGroups; ++g) v.push_back(m.Read(b, g));
+    }
+    return v;
+  };
+  std::vector<uint64_t> out(blocks.size() * kHeadGroups);
+  m.ReadBlocks(blocks, out);
+  const std::vector<uint64_t> good = read_each();
+  EXPECT_EQ(out, good);
+  const uint64_t chunk = ByteKvMemory::ChunkBytes(s);
+  for (uint32_t layer = 0; layer < s.layers; ++layer) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint64_t i = 0; i < chunk; i += 5) {
+        uint8_t& byte = region[m.ChunkOffset(layer, kv, 3, 2) + i];
+        byte ^= 0x10;
+        m.ReadBlocks(blocks, out);
+        EXPECT_EQ(out, read_each());
+        EXPECT_NE(out[2 * kHeadGroups + 2], good[2 * kHeadGroups + 2])
+            << "layer " << layer << " kv " << kv << " byte " << i;
+        byte ^= 0x10;
+      }
+    }
+  }
+  m.ReadBlocks(blocks, out);
+  EXPECT_EQ(out, good);
+}
+
+TEST(ByteKvMemoryTest, RankedReadBlocksGathersEveryRanksGroups) {
+  const ModelShape s = Shape("tiny");
+  const uint32_t n = 6;
+  std::vector<std::vector<uint8_t>> bytes(2, std::vector<uint8_t>(ByteKvMemory::RegionBytes(
+                                                 s, n, kHeadGroups / 2)));
+  std::vector<std::span<uint8_t>> regions = {bytes[0], bytes[1]};
+  RankedKvMemory m(s, n, regions);
+  const std::vector<BlockId> blocks = {{4, 1}, {0, 3}};
+  for (const BlockId& b : blocks) {
+    for (uint32_t g = 0; g < kHeadGroups; ++g) m.Write(b, g, 1000 + b.index * 4 + g);
+  }
+  std::vector<uint64_t> out(blocks.size() * kHeadGroups, 0);
+  m.ReadBlocks(blocks, out);
+  EXPECT_EQ(out, (std::vector<uint64_t>{1016, 1017, 1018, 1019, 1000, 1001, 1002, 1003}));
+  bytes[1][10] ^= 1;  // rank 1 (groups 2, 3), layer 0 K of block 0
+  m.ReadBlocks(blocks, out);
+  EXPECT_NE(out[6], 1002u);
+  EXPECT_EQ(out[6], m.Read(blocks[1], 2));
+  EXPECT_EQ(out[4], 1000u);
 }
 
 // The engine on real bytes: outputs equal the model's reference.

@@ -254,6 +254,7 @@ class Engine {
   bool dirty_ = false;       // an input or the last step changed something
   bool resetting_ = false;   // a cache reset released transfers, not done
   bool kv_discarded_ = false;  // sleep >= 1 / release: wake re-registers
+  std::vector<uint64_t> read_scratch_;  // Generate's digests, reused
   struct Stats {
     uint64_t preemptions = 0;
     uint64_t loads_recomputed = 0;

@@ -10,9 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
+#include "base/check.h"
 #include "base/transfer_id.h"
 #include "core/block_id.h"
+#include "engine/model.h"
 
 namespace kvrelay::engine {
 
@@ -22,6 +25,16 @@ class KvMemory {
   // KV of head group `group` in block `b`.
   virtual void Write(BlockId b, uint32_t group, uint64_t digest) = 0;
   virtual uint64_t Read(BlockId b, uint32_t group) const = 0;
+  // Read of every head group of every block in `blocks`: out[i * kHeadGroups
+  // + g] = Read(blocks[i], g). One call for a whole sequence lets a memory
+  // walk its storage in its own order (ByteKvMemory: layer by layer, which
+  // is sequential for runs of adjacent blocks).
+  virtual void ReadBlocks(std::span<const BlockId> blocks, std::span<uint64_t> out) const {
+    KV_CHECK_EQ(out.size(), blocks.size() * kHeadGroups);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      for (uint32_t g = 0; g < kHeadGroups; ++g) out[i * kHeadGroups + g] = Read(blocks[i], g);
+    }
+  }
   // `b` was allocated; `owner` is the transfer that will write it remotely
   // (D's load), or zero for local use.
   virtual void OnAllocate(BlockId b, TransferId owner) = 0;

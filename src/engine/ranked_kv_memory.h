@@ -42,6 +42,9 @@ class RankedKvMemory final : public KvMemory {
   uint64_t Read(BlockId b, uint32_t group) const override {
     return ranks_[group / groups_per_rank_]->Read(b, group);
   }
+  void ReadBlocks(std::span<const BlockId> blocks, std::span<uint64_t> out) const override {
+    for (const auto& r : ranks_) r->ReadOwnGroups(blocks, out);
+  }
   void OnAllocate(BlockId, TransferId) override {}
   void OnFree(BlockId) override {}
   void OnReset() override {

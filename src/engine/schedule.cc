@@ -160,12 +160,11 @@ void Engine::WriteKv(Request& r, uint32_t upto) {
 // The next token from the KV actually present in the request's blocks.
 Token Engine::Generate(Request& r) {
   const uint32_t len = static_cast<uint32_t>(r.seq.size());
+  const uint32_t n = BlocksFor(len, options_.shape.block_tokens);
+  read_scratch_.resize(size_t{n} * kHeadGroups);
+  memory_->ReadBlocks(std::span<const BlockId>(r.blocks.data(), n), read_scratch_);
   uint64_t folded = 0;
-  for (uint32_t b = 0; b < BlocksFor(len, options_.shape.block_tokens); ++b) {
-    for (uint32_t g = 0; g < kHeadGroups; ++g) {
-      folded = FoldDigest(folded, memory_->Read(r.blocks[b], g));
-    }
-  }
+  for (const uint64_t digest : read_scratch_) folded = FoldDigest(folded, digest);
   return NextToken(weights_, folded, len, options_.shape.vocab);
 }
 
