@@ -221,6 +221,7 @@ class Engine {
   void AdmitWaiting();
   bool AdvanceRunning(Request& r, uint32_t* budget);
   bool EnsureBlocks(Request& r, uint32_t tokens);
+  void AllocateRun(Request& r, uint32_t n, TransferId owner);
   void WriteKv(Request& r, uint32_t upto);
   Token Generate(Request& r);
   bool PreemptNewerThan(const Request& self);

@@ -37,6 +37,7 @@ class TestMemory final : public KvMemory {
     if (it == live_.end() || it->second != b.generation) ++bad_writes;
     if (group >= kHeadGroups) ++bad_writes;
     content_[{b.index, group}] = digest;
+    if (group == 0) write_order.push_back(b.index);
     ++writes;
   }
   uint64_t Read(BlockId b, uint32_t group) const override {
@@ -70,6 +71,7 @@ class TestMemory final : public KvMemory {
   }
 
   uint64_t writes = 0;
+  std::vector<uint32_t> write_order;  // block index of every group-0 write
   mutable uint64_t reads = 0;
   mutable uint64_t bad_reads = 0;
   uint64_t bad_writes = 0;
@@ -618,6 +620,29 @@ TEST(EngineTest, ValidationErrors) {
   EXPECT_TRUE(h.Add(2, MakePrompt(9, 5), 2).ok());
   ASSERT_TRUE(h.RunToIdle());
   EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+}
+
+// A request's fresh blocks come in ascending index order, also after the
+// LIFO free list (or the LRU) got the last request's blocks back: adjacent
+// blocks are what lets a transfer coalesce them into long runs.
+TEST(EngineTest, FreshBlocksOfARequestAscend) {
+  for (const bool caching : {false, true}) {
+    EngineOptions o = PlainOptions();
+    o.prefix_caching = caching;
+    o.num_blocks = 16;
+    Harness h(o);
+    for (uint64_t c = 1; c <= 4; ++c) {
+      h.mem.write_order.clear();
+      h.MustAdd(c, MakePrompt(100 + c, 40), 1);  // 10 blocks of 4 tokens
+      ASSERT_TRUE(h.RunToIdle());
+      ASSERT_GE(h.mem.write_order.size(), 10u);
+      const std::vector<uint32_t> first(h.mem.write_order.begin(),
+                                        h.mem.write_order.begin() + 10);
+      EXPECT_TRUE(std::is_sorted(first.begin(), first.end()))
+          << "caching " << caching << " request " << c << ": " << ::testing::PrintToString(first);
+      EXPECT_EQ(std::adjacent_find(first.begin(), first.end()), first.end());
+    }
+  }
 }
 
 TEST(EngineTest, AbortRequestWhileWaitingAndRunning) {
