@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 #include <thread>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include "base/prng.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "router/sse_splitter.h"
 
 namespace kvrelay {
 
@@ -75,17 +78,6 @@ struct Outcome {
   uint32_t tokens = 0;
 };
 
-// Parses SSE events out of `buf` (consumed as they complete).
-template <class F>
-void TakeEvents(std::string* buf, F on_event) {
-  size_t pos;
-  while ((pos = buf->find("\n\n")) != std::string::npos) {
-    std::string ev = buf->substr(0, pos);
-    buf->erase(0, pos + 2);
-    if (ev.rfind("data: ", 0) == 0) on_event(ev.substr(6));
-  }
-}
-
 std::string RequestIdOf(const LoadOptions& o, uint32_t i) {
   return "load-" + std::to_string(o.seed) + "-" + std::to_string(i);
 }
@@ -103,7 +95,8 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   int status = 0;
-  std::string buf, raw;
+  std::string raw;
+  router::SseSplitter sse;
   bool finished = false;
   std::atomic<bool> cut_by_us{false};
   json final_event;
@@ -118,25 +111,28 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
       raw.append(data, n);
       return raw.size() < (1u << 20);
     }
-    buf.append(data, n);
-    TakeEvents(&buf, [&](const std::string& ev) {
+    sse.Feed(std::string_view(data, n));
+    while (std::optional<std::string> event = sse.Next()) {
+      const std::optional<std::string> data_line = router::SseSplitter::DataOf(*event);
+      if (!data_line) continue;
+      const std::string& ev = *data_line;
       if (ev == "[DONE]") {
         finished = true;
-        return;
+        continue;
       }
       json j = json::parse(ev, nullptr, false);
-      if (j.is_discarded()) return;
+      if (j.is_discarded()) continue;
       if (j.contains("error") && !j.contains("choices")) {
         error_message = j["error"].value("message", "error");
         final_event = j;
-        return;
+        continue;
       }
       if (out.ttft_s < 0 && j.contains("choices") && !j["choices"].empty() &&
           !j["choices"][0].value("token_ids", json::array()).empty()) {
         out.ttft_s = Since(t0);
       }
       if (j.contains("usage")) final_event = j;  // the last event: the whole result
-    });
+    }
     return Since(t0) < timeout_s;
   };
   httplib::Response res;
