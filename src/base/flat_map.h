@@ -58,6 +58,13 @@ class FlatMap {
   using mapped_type = V;
   using value_type = std::pair<K, V>;
 
+  // A Hash declaring `static constexpr bool kSequentialKeys = true` hashes
+  // keys handed out in sequence (a counter): its low bits pick the home
+  // slot as they are, so the entries made last sit in adjacent slots and
+  // stay in cache while the rest of a large table does not. Such keys fill
+  // the array evenly by construction; any other Hash is mixed.
+  static constexpr bool kSequential = requires { requires Hash::kSequentialKeys; };
+
   // Visits occupied slots in slot order. The key must not be modified
   // through an iterator.
   template <bool kConst>
@@ -211,12 +218,17 @@ class FlatMap {
   // Hash, then splitmix64's finalizer, whose top bits index the
   // power-of-two array: a weak Hash (identity, or a multiply, as for
   // TypedId's dense index|generation keys) would otherwise fill long runs.
+  // A kSequential Hash is used as is (see kSequential).
   size_t Home(const K& key) const {
-    uint64_t h = static_cast<uint64_t>(Hash{}(key));
-    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-    h ^= h >> 31;
-    return static_cast<size_t>(h >> shift_);
+    if constexpr (kSequential) {
+      return static_cast<size_t>(Hash{}(key)) & mask_;
+    } else {
+      uint64_t h = static_cast<uint64_t>(Hash{}(key));
+      h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+      h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+      h ^= h >> 31;
+      return static_cast<size_t>(h >> shift_);
+    }
   }
 
   size_t Locate(const K& key) const {

@@ -103,6 +103,41 @@ TEST(FlatMapTest, DenseTypedIdKeysSpread) {
   EXPECT_LE(seq.MaxProbeLength(), 64u);
 }
 
+// A Hash that declares its keys sequential picks home slots by its low
+// bits: keys from a counter sit in adjacent slots (probe length 1), a
+// sliding window of them (insert new, erase oldest) keeps it so across the
+// wrap of the array, and keys that share low bits still all work.
+struct SequentialHash {
+  static constexpr bool kSequentialKeys = true;
+  size_t operator()(uint64_t k) const { return static_cast<size_t>(k); }
+};
+
+TEST(FlatMapTest, SequentialKeysSitTogether) {
+  FlatMap<uint64_t, uint64_t, SequentialHash> m;
+  ASSERT_TRUE(decltype(m)::kSequential);
+  ASSERT_FALSE((FlatMap<uint64_t, uint64_t>::kSequential));
+  for (uint64_t k = 0; k < 1000; ++k) m.emplace(k, k);
+  EXPECT_EQ(m.MaxProbeLength(), 1u);
+  for (uint64_t k = 1000; k < 50000; ++k) {  // a window of 1,000 slides on
+    m.emplace(k, k);
+    ASSERT_EQ(m.erase(k - 1000), 1u);
+  }
+  m.CheckInvariants();
+  EXPECT_EQ(m.size(), 1000u);
+  EXPECT_EQ(m.MaxProbeLength(), 1u);
+  for (uint64_t k = 49000; k < 50000; ++k) ASSERT_EQ(m.find(k)->second, k);
+  // Keys equal in their low bits (same index, other generation) collide
+  // but stay correct.
+  FlatMap<uint64_t, uint64_t, SequentialHash> same;
+  for (uint64_t g = 0; g < 100; ++g) same.emplace(7 + (g << 32), g);
+  same.CheckInvariants();
+  for (uint64_t g = 0; g < 100; g += 3) EXPECT_EQ(same.erase(7 + (g << 32)), 1u);
+  same.CheckInvariants();
+  for (uint64_t g = 0; g < 100; ++g) {
+    EXPECT_EQ(same.count(7 + (g << 32)), g % 3 == 0 ? 0u : 1u);
+  }
+}
+
 TEST(FlatMapTest, AllCollideStillCorrect) {
   FlatMap<uint64_t, uint64_t, CollidingHash> m;
   for (uint64_t k = 0; k < 200; ++k) m.emplace(k, k * 3);
