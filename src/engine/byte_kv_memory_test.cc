@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "base/prng.h"
@@ -15,6 +16,25 @@ ModelShape Shape(const char* name) {
   ModelShape s;
   EXPECT_TRUE(ModelShapeByName(name, &s));
   return s;
+}
+
+// Flips every `stride`-th byte of (block, group)'s chunks, one at a time,
+// calls check(where) with it flipped, and flips it back.
+template <class F>
+void ForEachFlippedByte(const ByteKvMemory& m, std::vector<uint8_t>& region, const ModelShape& s,
+                        uint32_t block, uint32_t group, uint64_t stride, F check) {
+  const uint64_t chunk = ByteKvMemory::ChunkBytes(s);
+  for (uint32_t layer = 0; layer < s.layers; ++layer) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint64_t i = 0; i < chunk; i += stride) {
+        uint8_t& byte = region[m.ChunkOffset(layer, kv, block, group) + i];
+        byte ^= 0x40;
+        check("layer " + std::to_string(layer) + " kv " + std::to_string(kv) + " byte " +
+              std::to_string(i));
+        byte ^= 0x40;
+      }
+    }
+  }
 }
 
 TEST(ByteKvMemoryTest, SizesFollowTheShape) {
@@ -49,18 +69,9 @@ TEST(ByteKvMemoryTest, OneWrongByteAnywhereChangesTheRead) {
   ByteKvMemory m(s, 4, 0, kHeadGroups, region);
   m.Write(BlockId{1, 1}, 0, 77);
   const uint64_t good = m.Read(BlockId{1, 1}, 0);
-  const uint64_t chunk = ByteKvMemory::ChunkBytes(s);
-  for (uint32_t layer = 0; layer < s.layers; ++layer) {
-    for (uint32_t kv = 0; kv < 2; ++kv) {
-      for (uint64_t i = 0; i < chunk; i += 7) {
-        uint8_t& byte = region[m.ChunkOffset(layer, kv, 1, 0) + i];
-        byte ^= 0x40;
-        EXPECT_NE(m.Read(BlockId{1, 1}, 0), good) << "layer " << layer << " kv " << kv
-                                                  << " byte " << i;
-        byte ^= 0x40;
-      }
-    }
-  }
+  ForEachFlippedByte(m, region, s, 1, 0, 7, [&](const std::string& where) {
+    EXPECT_NE(m.Read(BlockId{1, 1}, 0), good) << where;
+  });
   EXPECT_EQ(m.Read(BlockId{1, 1}, 0), good);
 }
 
@@ -94,20 +105,11 @@ TEST(ByteKvMemoryTest, ReadBlocksEqualsReadAndCatchesEveryWrongByte) {
   m.ReadBlocks(blocks, out);
   const std::vector<uint64_t> good = read_each();
   EXPECT_EQ(out, good);
-  const uint64_t chunk = ByteKvMemory::ChunkBytes(s);
-  for (uint32_t layer = 0; layer < s.layers; ++layer) {
-    for (uint32_t kv = 0; kv < 2; ++kv) {
-      for (uint64_t i = 0; i < chunk; i += 5) {
-        uint8_t& byte = region[m.ChunkOffset(layer, kv, 3, 2) + i];
-        byte ^= 0x10;
-        m.ReadBlocks(blocks, out);
-        EXPECT_EQ(out, read_each());
-        EXPECT_NE(out[2 * kHeadGroups + 2], good[2 * kHeadGroups + 2])
-            << "layer " << layer << " kv " << kv << " byte " << i;
-        byte ^= 0x10;
-      }
-    }
-  }
+  ForEachFlippedByte(m, region, s, 3, 2, 5, [&](const std::string& where) {
+    m.ReadBlocks(blocks, out);
+    EXPECT_EQ(out, read_each()) << where;
+    EXPECT_NE(out[2 * kHeadGroups + 2], good[2 * kHeadGroups + 2]) << where;
+  });
   m.ReadBlocks(blocks, out);
   EXPECT_EQ(out, good);
 }

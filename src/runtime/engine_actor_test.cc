@@ -48,6 +48,21 @@ class EngineActorTest : public ::testing::Test {
     while (out.empty()) ASSERT_FALSE(s.Wait(&cursor, &out, milliseconds(10000)));
   }
 
+  // Starts the engine with `step`-long steps and a first request, and
+  // returns once that request's first token arrived (mid-compute).
+  std::shared_ptr<RequestStream> StartInsideAStep(Duration step) {
+    Start(step);
+    auto stream = Submit(1);
+    if (stream != nullptr) WaitFirstToken(*stream);
+    return stream;
+  }
+  // True if `s` finished within `timeout`.
+  static bool Finished(RequestStream& s, milliseconds timeout) {
+    size_t cursor = 0;
+    std::vector<engine::TokenOut> out;
+    return s.Wait(&cursor, &out, timeout);
+  }
+
   std::vector<uint8_t> region_;
   std::unique_ptr<engine::ByteKvMemory> memory_;
   std::unique_ptr<EngineActor> actor_;
@@ -56,10 +71,8 @@ class EngineActorTest : public ::testing::Test {
 TEST_F(EngineActorTest, OperationDuringComputeAnswersBeforeTheStepEnds) {
   // Each step models 4 s: an operation that waited for the step's end would
   // take seconds; one applied mid-compute answers in the inbox's wake-up.
-  Start(Duration::Seconds(4));
-  auto stream = Submit(1);
+  auto stream = StartInsideAStep(Duration::Seconds(4));
   ASSERT_NE(stream, nullptr);
-  WaitFirstToken(*stream);
   const auto t0 = std::chrono::steady_clock::now();
   const OpResult r = actor_->RunOp(
       [](engine::Engine& e) { return e.AbortRequests({1}, false); }, milliseconds(20000));
@@ -67,9 +80,7 @@ TEST_F(EngineActorTest, OperationDuringComputeAnswersBeforeTheStepEnds) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(r.ok) << r.detail;
   EXPECT_LT(took_s, 2.0) << "the abort waited for the step's compute to end";
-  size_t cursor = 0;
-  std::vector<engine::TokenOut> out;
-  EXPECT_TRUE(stream->Wait(&cursor, &out, milliseconds(1000)));
+  EXPECT_TRUE(Finished(*stream, milliseconds(1000)));
   EXPECT_EQ(stream->reason(), engine::FinishReason::kAborted);
   actor_->Stop();
 }
@@ -77,10 +88,8 @@ TEST_F(EngineActorTest, OperationDuringComputeAnswersBeforeTheStepEnds) {
 TEST_F(EngineActorTest, RequestDuringComputeIsAcceptedAtOnce) {
   // A request that arrives mid-compute is accepted at once (Submit does not
   // wait for the step's end) and runs at the next step.
-  Start(Duration::Seconds(2));
-  auto first = Submit(1);
+  auto first = StartInsideAStep(Duration::Seconds(2));
   ASSERT_NE(first, nullptr);
-  WaitFirstToken(*first);
   const auto t0 = std::chrono::steady_clock::now();
   auto second = Submit(2);
   ASSERT_NE(second, nullptr);
@@ -90,16 +99,12 @@ TEST_F(EngineActorTest, RequestDuringComputeIsAcceptedAtOnce) {
 }
 
 TEST_F(EngineActorTest, StopDuringComputeFinishesOpenRequests) {
-  Start(Duration::Seconds(4));
-  auto stream = Submit(1);
+  auto stream = StartInsideAStep(Duration::Seconds(4));
   ASSERT_NE(stream, nullptr);
-  WaitFirstToken(*stream);
   const auto t0 = std::chrono::steady_clock::now();
   actor_->Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  size_t cursor = 0;
-  std::vector<engine::TokenOut> out;
-  EXPECT_TRUE(stream->Wait(&cursor, &out, milliseconds(0)));
+  EXPECT_TRUE(Finished(*stream, milliseconds(0)));
   EXPECT_EQ(stream->reason(), engine::FinishReason::kError);
 }
 
