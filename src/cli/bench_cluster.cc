@@ -92,18 +92,20 @@ Result<BenchCluster::Pulled> BenchCluster::Decode(const json& client, const Tran
   return FindPull(t);
 }
 
-std::string BenchCluster::SendState(httplib::Client& cli, const TransferId& t) {
+BenchCluster::SendSeen BenchCluster::SendState(httplib::Client& cli, const TransferId& t) {
   auto r = cli.Get("/debug/state");
-  if (!r || r->status != 200) return "";
+  if (!r || r->status != 200) return {};
   const json doc = json::parse(r->body, nullptr, false);
-  if (doc.is_discarded() || !doc.contains("ranks")) return "";
+  if (doc.is_discarded() || !doc.contains("ranks")) return {};
   const std::string id = t.ToString();
   for (const json& rank : doc["ranks"]) {
     for (const json& send : rank.value("sends", json::array())) {
-      if (send.value("transfer", "") == id) return send.value("state", "");
+      if (send.value("transfer", "") == id) {
+        return SendSeen{send.value("state", ""), send.value("pull_items", 0u)};
+      }
     }
   }
-  return "";
+  return {};
 }
 
 Result<std::vector<BenchCluster::Pulled>> BenchCluster::NewPulls() {

@@ -89,9 +89,14 @@ class BenchCluster {
   // sample from D's log.
   Result<Pulled> Decode(const nlohmann::json& client, const TransferId& t);
 
-  // The state of P's send for `t` (WAITING, READY, DONE), "" if P holds
-  // none (yet, or any more). `cli`: a client of P's other than p().
-  std::string SendState(httplib::Client& cli, const TransferId& t);
+  // P's send for `t`: its state (WAITING, READY, DONE; "" if P holds none,
+  // yet or any more) and how many pull items wait on it (D's pull arrived).
+  // `cli`: a client of P's other than p().
+  struct SendSeen {
+    std::string state;
+    uint32_t pull_items = 0;
+  };
+  SendSeen SendState(httplib::Client& cli, const TransferId& t);
 
   // The answer D logged for `t` since the last read of the log (tp 1: one).
   Result<Pulled> FindPull(const TransferId& t);

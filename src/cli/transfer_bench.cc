@@ -299,16 +299,17 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
       (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()),
                    "application/json");
     });
-    // Abort once P holds the send still WAITING (it has admitted the
-    // request, whose 900-token prefill takes four steps of 256 tokens),
-    // after a random extra 0–2 ms; a send already READY finishes first.
-    std::string state;
+    // Abort once D's pull waits at P on a send still WAITING (P admitted
+    // the request, whose 900-token prefill takes four steps of 256 tokens),
+    // after a random extra 0–1 ms so the abort lands anywhere in a step; a
+    // send already READY finishes first and measures nothing.
     const auto give_up = Clock::now() + std::chrono::seconds(5);
-    while (state.empty() && Clock::now() < give_up) {
-      state = c.SendState(admin, t);
-      if (state.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    while (Clock::now() < give_up) {
+      const BenchCluster::SendSeen seen = c.SendState(admin, t);
+      if (seen.pull_items > 0 || (!seen.state.empty() && seen.state != "WAITING")) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(2000)));
+    std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(1000)));
     const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            Clock::now().time_since_epoch()).count();
     (void)admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump(), "application/json");
