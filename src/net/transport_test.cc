@@ -648,22 +648,38 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, TransportTest,
 // ---------------------------------------------------------------------------
 // tcp: the receiver enforces grants and survives hostile peers.
 
+// P and D tcp transports made with `options`, a region of `layout` on each,
+// P's filled with FillPattern(seed): the setup of the tcp fixtures below.
+struct TcpPair {
+  std::unique_ptr<Transport> p, d;
+  std::unique_ptr<Region> p_region, d_region;
+};
+void MakeTcpPair(const TransportOptions& options, const RegionLayout& layout, uint64_t seed,
+                 TcpPair* out) {
+  auto p = MakeTcpTransport(options);
+  auto d = MakeTcpTransport(options);
+  ASSERT_TRUE(p.ok() && d.ok());
+  out->p = std::move(p).value();
+  out->d = std::move(d).value();
+  auto pr = out->p->CreateRegion("p", layout);
+  auto dr = out->d->CreateRegion("d", layout);
+  ASSERT_TRUE(pr.ok() && dr.ok());
+  out->p_region = std::move(pr).value();
+  out->d_region = std::move(dr).value();
+  FillPattern(out->p_region->bytes(), seed);
+}
+
 class TcpTest : public testing::Test {
  protected:
   void SetUp() override {
     TransportOptions options;
     options.tcp_streams = 2;
-    auto p = MakeTcpTransport(options);
-    auto d = MakeTcpTransport(options);
-    ASSERT_TRUE(p.ok() && d.ok());
-    p_ = std::move(p).value();
-    d_ = std::move(d).value();
-    auto pr = p_->CreateRegion("p", layout_);
-    auto dr = d_->CreateRegion("d", layout_);
-    ASSERT_TRUE(pr.ok() && dr.ok());
-    p_region_ = std::move(pr).value();
-    d_region_ = std::move(dr).value();
-    FillPattern(p_region_->bytes(), 9);
+    TcpPair pair;
+    ASSERT_NO_FATAL_FAILURE(MakeTcpPair(options, layout_, 9, &pair));
+    p_ = std::move(pair.p);
+    d_ = std::move(pair.d);
+    p_region_ = std::move(pair.p_region);
+    d_region_ = std::move(pair.d_region);
     auto t = p_->Open(d_region_->registration(), p_region_.get());
     ASSERT_TRUE(t.ok());
     target_ = std::move(t).value();
@@ -884,17 +900,12 @@ class TcpStripeTest : public testing::Test {
     TransportOptions options;
     options.tcp_streams = 4;
     options.tcp_stripe_min_bytes = 4096;
-    auto p = MakeTcpTransport(options);
-    auto d = MakeTcpTransport(options);
-    ASSERT_TRUE(p.ok() && d.ok());
-    p_ = std::move(p).value();
-    d_ = std::move(d).value();
-    auto pr = p_->CreateRegion("p", layout_);
-    auto dr = d_->CreateRegion("d", layout_);
-    ASSERT_TRUE(pr.ok() && dr.ok());
-    p_region_ = std::move(pr).value();
-    d_region_ = std::move(dr).value();
-    FillPattern(p_region_->bytes(), 31);
+    TcpPair pair;
+    ASSERT_NO_FATAL_FAILURE(MakeTcpPair(options, layout_, 31, &pair));
+    p_ = std::move(pair.p);
+    d_ = std::move(pair.d);
+    p_region_ = std::move(pair.p_region);
+    d_region_ = std::move(pair.d_region);
   }
 
   std::unique_ptr<Target> Open(const std::vector<uint8_t>& registration) {

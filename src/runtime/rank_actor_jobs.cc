@@ -34,6 +34,18 @@ class ReadThroughSource final : public net::Target {
  private:
   std::shared_ptr<net::Source> source_;
 };
+
+// Block ids that come from a peer, checked before planning (a bad id is the
+// peer's error, answered as a failed job, never a crash): as many sources as
+// destinations, at least one, each inside its pool.
+bool BlocksFit(const std::vector<BlockId>& src, uint32_t src_pool,
+               const std::vector<BlockId>& dst, uint32_t dst_pool) {
+  if (src.size() != dst.size() || dst.empty()) return false;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (src[i].index >= src_pool || dst[i].index >= dst_pool) return false;
+  }
+  return true;
+}
 }  // namespace
 
 void RankActor::StartReadJob(StartRead r) {
@@ -44,12 +56,7 @@ void RankActor::StartReadJob(StartRead r) {
     return;
   }
   const Conn& c = it->second;
-  // P's block ids come from the peer: check them before planning.
-  bool valid = r.src.size() == r.dst.size() && !r.dst.empty();
-  for (size_t i = 0; valid && i < r.dst.size(); ++i) {
-    valid = r.src[i].index < c.num_blocks && r.dst[i].index < options_.num_blocks;
-  }
-  if (!valid) {
+  if (!BlocksFit(r.src, c.num_blocks, r.dst, options_.num_blocks)) {  // P's ids
     ++counters_.malformed;
     LogOnce("rank", "bad_src", "rank " + std::to_string(options_.rank) +
                                    ": a grant named blocks outside P's pool (or a different "
@@ -99,13 +106,7 @@ void RankActor::StartWriteJob(StartWrite w) {
     return;
   }
   const DPeer& d = it->second;
-  // Block ids come from the peer: check them before planning (a bad id is
-  // the peer's error, answered as a failed write, never a crash).
-  bool valid = w.src.size() == w.dst.size() && !w.dst.empty();
-  for (size_t i = 0; valid && i < w.dst.size(); ++i) {
-    valid = w.dst[i].index < d.num_blocks && w.src[i].index < options_.num_blocks;
-  }
-  if (!valid) {
+  if (!BlocksFit(w.src, options_.num_blocks, w.dst, d.num_blocks)) {  // D's ids
     ++counters_.malformed;
     LogOnce("rank", "bad_dst", "rank " + std::to_string(options_.rank) +
                                    ": a pull named blocks outside D's pool (or a different "
