@@ -922,20 +922,30 @@ class TcpStripeTest : public testing::Test {
 // A fake receiver on loopback for `layout_`-sized regions: accepts every
 // connection and runs serve(fd, index) on its own thread for it. The
 // destructor shuts every connection down and joins.
+// A listening socket on 127.0.0.1, an ephemeral port (set in *port); -1 on
+// failure (with a test failure recorded).
+int ListenLoopback(int backlog, uint16_t* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(listen(fd, backlog), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 class FakeReceiver {
  public:
   FakeReceiver(const RegionLayout& layout, std::function<void(int fd, int index)> serve)
       : serve_(std::move(serve)) {
-    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(listen(listener_, 16), 0);
-    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    registration_ =
-        tcp::EncodeRegistration({"127.0.0.1", ntohs(addr.sin_port), layout.bytes(), layout});
+    uint16_t port = 0;
+    listener_ = ListenLoopback(16, &port);
+    registration_ = tcp::EncodeRegistration({"127.0.0.1", port, layout.bytes(), layout});
     accept_ = std::thread([this] {
       for (int index = 0;; ++index) {
         const int fd = accept(listener_, nullptr, nullptr);
@@ -1249,17 +1259,11 @@ TEST_F(TcpTest, AReadGrantRevokedWhileTheBytesGoOutIsRefusedInTheTrailer) {
 
 TEST_F(TcpTest, AReadFailsCleanlyWhenThePeerDisconnectsMidPayload) {
   // A fake P: accepts, answers "ok" and half the payload, then closes.
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint16_t port = 0;
+  const int listener = ListenLoopback(4, &port);
   ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::vector<uint8_t> reg = tcp::EncodeRegistration(
-      {"127.0.0.1", ntohs(addr.sin_port), layout_.bytes(), layout_});
+  const std::vector<uint8_t> reg =
+      tcp::EncodeRegistration({"127.0.0.1", port, layout_.bytes(), layout_});
   std::thread fake([&] {
     const int c = accept(listener, nullptr, nullptr);
     if (c < 0) return;
