@@ -1,8 +1,9 @@
 // flat_map.h — FlatMap: an open-addressing hash map, keys and values inline.
 //
-// Why: the core's indexes (send table: transfer → slot, tombstones, pull
-// keys, remembered answers; load table: transfer/request → slot) are looked
-// up several times per input. std::unordered_map allocates one node per
+// Why: the core's indexes (send table: tombstones, pull keys, remembered
+// answers; load table: request → slot) are looked up several times per
+// input. (The transfer → slot indexes, whose key already sits in the
+// owner's record, use the smaller SlotIndex: base/slot_index.h.) std::unordered_map allocates one node per
 // entry and reaches it through a bucket array: two or three dependent cache
 // misses per lookup once the table outgrows the cache (100,000 transfers in
 // flight), plus a malloc/free per insert/erase. Here an entry lives in one

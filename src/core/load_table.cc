@@ -35,13 +35,13 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
   // Both indexes are looked up below with unrelated keys: with many loads
   // in flight each lookup is a cache miss, and issuing both now lets them
   // overlap (and overlap the shape check) instead of one after the other.
-  by_transfer_.prefetch(transfer);
+  by_transfer_.Prefetch(transfer);
   by_request_.prefetch(request);
   if (Status shape = CheckLoadShape(producers, dst.size(), options_.max_producers);
       !shape.ok()) {
     return shape;
   }
-  if (by_transfer_.count(transfer) != 0) {
+  if (FindLoad(transfer) != kNil) {
     return AlreadyExistsError("transfer " + transfer.ToString() +
                               " is already loading");
   }
@@ -87,7 +87,7 @@ Status LoadTable::Start(RequestId request, TransferId transfer,
                                 k + 1 == producers.size() ? std::move(dst) : dst,
                                 prompt_hash});
   }
-  by_transfer_.emplace(transfer, slot);
+  by_transfer_.Insert(transfer, slot, LoadKeyOf{&loads_});
   by_request_.emplace(request, slot);
   giveup_.Arm(slot, load.giveup);
   ++stats_.loads_started;
@@ -117,7 +117,7 @@ void LoadTable::ReleaseUnstarted(TransferId transfer,
 void LoadTable::AbortAll(Instant /*now*/) {
   std::vector<uint32_t> live;
   live.reserve(by_transfer_.size());
-  for (const auto& [t, slot] : by_transfer_) live.push_back(slot);
+  by_transfer_.ForEach([&](uint32_t slot) { live.push_back(slot); });
   std::sort(live.begin(), live.end());  // deterministic order
   for (uint32_t slot : live) {
     Load& load = loads_[slot];
@@ -145,12 +145,11 @@ void LoadTable::OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
     ++stats_.release_answers;
     return;
   }
-  auto it = by_transfer_.find(transfer);
-  if (it == by_transfer_.end()) {
+  const uint32_t slot = FindLoad(transfer);
+  if (slot == kNil) {
     ++stats_.late_answers;
     return;
   }
-  const uint32_t slot = it->second;
   Load& load = loads_[slot];
   for (Producer& p : load.producers) {
     if (p.peer != peer || p.pull_seq != pull_seq) continue;
@@ -167,7 +166,7 @@ void LoadTable::OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
 
 void LoadTable::ResendTo(PeerId peer, Instant now) {
   std::vector<uint32_t> slots;
-  for (const auto& [t, slot] : by_transfer_) slots.push_back(slot);
+  by_transfer_.ForEach([&](uint32_t slot) { slots.push_back(slot); });
   std::sort(slots.begin(), slots.end());  // deterministic order
   for (uint32_t slot : slots) {
     const Load& load = loads_[slot];
@@ -190,11 +189,11 @@ void LoadTable::ResendTo(PeerId peer, Instant now) {
 
 void LoadTable::PeerGone(PeerId peer, Instant /*now*/) {
   std::vector<uint32_t> hit;
-  for (const auto& [t, slot] : by_transfer_) {
+  by_transfer_.ForEach([&](uint32_t slot) {
     for (const Producer& p : loads_[slot].producers) {
       if (p.peer == peer && !p.answered) hit.push_back(slot);
     }
-  }
+  });
   std::sort(hit.begin(), hit.end());
   hit.erase(std::unique(hit.begin(), hit.end()), hit.end());
   for (uint32_t slot : hit) {
@@ -274,7 +273,7 @@ void LoadTable::FinishIfComplete(uint32_t slot) {
     actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short, first_error});
   }
   giveup_.Cancel(slot);
-  by_transfer_.erase(load.transfer);
+  KV_CHECK(by_transfer_.Erase(load.transfer, LoadKeyOf{&loads_}));
   by_request_.erase(load.request);
   load.used = false;
   load.producers.clear();
@@ -287,10 +286,12 @@ void LoadTable::CheckInvariants() const {
   giveup_.CheckInvariants();
   KV_CHECK_EQ(by_transfer_.size(), by_request_.size());
   KV_CHECK_EQ(giveup_.size(), by_transfer_.size());
-  for (const auto& [t, slot] : by_transfer_) {
+  // Every entry's tag is its record's transfer id's, and a lookup of that
+  // id finds the entry.
+  by_transfer_.CheckInvariants(LoadKeyOf{&loads_});
+  by_transfer_.ForEach([&](uint32_t slot) {
     const Load& load = loads_[slot];
     KV_CHECK(load.used);
-    KV_CHECK(load.transfer == t);
     KV_CHECK(giveup_.IsArmed(slot));
     auto r = by_request_.find(load.request);
     KV_CHECK(r != by_request_.end() && r->second == slot);
@@ -303,7 +304,7 @@ void LoadTable::CheckInvariants() const {
     KV_CHECK_EQ(unanswered, load.unanswered);
     KV_CHECK_GT(unanswered, 0u);  // a complete load is never left live
     KV_CHECK_EQ(any_error, load.failed);
-  }
+  });
 }
 
 }  // namespace kvrelay

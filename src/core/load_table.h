@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "base/flat_map.h"
+#include "base/slot_index.h"
 #include "base/status.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
@@ -236,7 +237,17 @@ class LoadTable {
   const LoadTableOptions options_;
   std::vector<Load> loads_;
   uint32_t free_loads_ = kNil;
-  FlatMap<TransferId, uint32_t> by_transfer_;
+  // Reads a record's transfer id for by_transfer_ (which keeps only tags).
+  struct LoadKeyOf {
+    const std::vector<Load>* loads;
+    const TransferId& operator()(uint32_t s) const { return (*loads)[s].transfer; }
+  };
+  // The live load of `transfer`, or kNil.
+  static_assert(kNil == SlotIndex<TransferId>::kNone);
+  uint32_t FindLoad(TransferId transfer) const {
+    return by_transfer_.Find(transfer, LoadKeyOf{&loads_});
+  }
+  SlotIndex<TransferId> by_transfer_;
   // The engine hands out RequestIds in sequence (index = a counter), so
   // homed by index the loads started last sit in adjacent slots: Start's
   // request lookup stays in cache with 100,000 loads in flight.

@@ -22,12 +22,12 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
   KV_CHECK_GE(need, 1u);
   // With many sends in flight the index lookup below is a cache miss:
   // start it now so it overlaps the tombstone pruning.
-  index_.prefetch(transfer);
+  index_.Prefetch(transfer);
   PruneTombstones(now);
   ++stats_.claims;
-  auto it = index_.find(transfer);
-  if (it != index_.end()) {
-    Send& send = sends_[it->second];
+  const uint32_t found = FindSend(transfer);
+  if (found != kNil) {
+    Send& send = sends_[found];
     if (send.state == SendState::kDone) {
       ++stats_.claims_after_end;
       return CancelledError("transfer " + transfer.ToString() +
@@ -46,7 +46,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
     send.need = need;
     send.prompt_hash = prompt_hash;
     if (consumer_engine != kAnyConsumerEngine) send.consumer = consumer_engine;
-    expiry_.Cancel(it->second);
+    expiry_.Cancel(found);
     // Pulls that arrived first for another prompt under this id, or from
     // another D engine than the one it is handed to, are refused.
     uint32_t i = send.items.head;
@@ -89,8 +89,8 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
     return InvalidArgumentError("Ready with no blocks for transfer " +
                                 transfer.ToString());
   }
-  auto it = index_.find(transfer);
-  if (it == index_.end()) {
+  const uint32_t found = FindSend(transfer);
+  if (found == kNil) {
     ++stats_.readies_refused;
     if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
       return CancelledError("transfer " + transfer.ToString() +
@@ -100,7 +100,7 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
     return FailedPreconditionError("Ready for unclaimed transfer " +
                                    transfer.ToString());
   }
-  const uint32_t s = it->second;
+  const uint32_t s = found;
   Send& send = sends_[s];
   if (send.state == SendState::kDone) {
     ++stats_.readies_refused;
@@ -157,10 +157,10 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
 
 void SendTable::Abort(TransferId transfer, Instant now) {
   PruneTombstones(now);
-  auto it = index_.find(transfer);
-  if (it != index_.end()) {
-    if (sends_[it->second].state != SendState::kDone) {
-      EndSend(it->second, TransferResult::kAborted, now);
+  const uint32_t found = FindSend(transfer);
+  if (found != kNil) {
+    if (sends_[found].state != SendState::kDone) {
+      EndSend(found, TransferResult::kAborted, now);
     }
     return;
   }
@@ -174,9 +174,9 @@ void SendTable::AbortAll(Instant now) {
   PruneTombstones(now);
   std::vector<uint32_t> live;
   live.reserve(index_.size());
-  for (const auto& [t, s] : index_) {
+  index_.ForEach([&](uint32_t s) {
     if (sends_[s].state != SendState::kDone) live.push_back(s);
-  }
+  });
   // Slot order, not hash order: the same inputs give the same actions.
   std::sort(live.begin(), live.end());
   for (uint32_t s : live) EndSend(s, TransferResult::kAborted, now);
@@ -204,7 +204,7 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
     // The remembered-answers lookup below and the index lookups that
     // follow use unrelated keys; start the index's cache miss now so the
     // two overlap.
-    index_.prefetch(item.transfer);
+    index_.Prefetch(item.transfer);
     const uint64_t key = ItemKey(peer, pull_seq, item.transfer);
     if (live_keys_.count(key) != 0) {
       ++stats_.duplicate_items;  // resent while live: its answer will come
@@ -239,16 +239,16 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
       Answer(peer, pull_seq, item->transfer, *ended);
       continue;
     }
-    auto it = index_.find(item->transfer);
+    const uint32_t found = FindSend(item->transfer);
     if (live_items_ >= options_.max_pull_items ||
-        (it == index_.end() && index_.size() >= options_.max_sends)) {
+        (found == kNil && index_.size() >= options_.max_sends)) {
       ++stats_.items_rejected;
       Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
       continue;
     }
     uint32_t s;
-    if (it != index_.end()) {
-      s = it->second;
+    if (found != kNil) {
+      s = found;
     } else {
       // P has never heard of it: a placeholder that expires one timeout
       // after this pull unless P claims it.
@@ -285,23 +285,23 @@ void SendTable::HandleRelease(const PullItem& item, PeerId peer, uint64_t seq,
                               Instant now) {
   ++stats_.releases;
   const TransferId t = item.transfer;
-  auto it = index_.find(t);
-  if (it != index_.end() && sends_[it->second].state != SendState::kDone &&
-      !BindConsumer(it->second, peer)) {
+  const uint32_t found = FindSend(t);
+  if (found != kNil && sends_[found].state != SendState::kDone &&
+      !BindConsumer(found, peer)) {
     // Another D engine's release must not end this send.
     Answer(peer, seq, t, TransferResult::kRejected);
     return;
   }
-  if (it != index_.end() && sends_[it->second].claimed &&
-      !PromptMatches(sends_[it->second].prompt_hash, item.prompt_hash)) {
+  if (found != kNil && sends_[found].claimed &&
+      !PromptMatches(sends_[found].prompt_hash, item.prompt_hash)) {
     // A release for another prompt under this id must not end this send.
     ++stats_.prompt_mismatch;
     Answer(peer, seq, t, TransferResult::kRejected);
     return;
   }
-  if (it != index_.end()) {
-    if (sends_[it->second].state != SendState::kDone) {
-      EndSend(it->second, TransferResult::kReleased, now);
+  if (found != kNil) {
+    if (sends_[found].state != SendState::kDone) {
+      EndSend(found, TransferResult::kReleased, now);
     }
   } else if (tombstones_.count(t) == 0) {
     // Released before P saw the request: a later claim is refused, so P
@@ -384,9 +384,9 @@ std::optional<SendAction> SendTable::PollAction() {
 }
 
 std::optional<SendState> SendTable::StateOf(TransferId transfer) const {
-  auto it = index_.find(transfer);
-  if (it == index_.end()) return std::nullopt;
-  return sends_[it->second].state;
+  const uint32_t found = FindSend(transfer);
+  if (found == kNil) return std::nullopt;
+  return sends_[found].state;
 }
 
 // ---------------------------------------------------------------------------
@@ -425,7 +425,7 @@ void SendTable::MaybeRelease(uint32_t s) {
   if (send.holds_blocks) {
     actions_.push_back(SendFinished{send.transfer, send.end_reason});
   }
-  index_.erase(send.transfer);
+  KV_CHECK(index_.Erase(send.transfer, SendKeyOf{&sends_}));
   FreeSend(s);
 }
 
@@ -504,7 +504,7 @@ uint32_t SendTable::NewSend(TransferId transfer, Instant now) {
   send.generation = gen;
   send.transfer = transfer;
   send.created = now;
-  index_.emplace(transfer, s);
+  index_.Insert(transfer, s, SendKeyOf{&sends_});
   return s;
 }
 
@@ -595,9 +595,9 @@ uint64_t SendTable::ItemKey(PeerId peer, uint64_t seq, TransferId t) {
 }
 
 std::optional<TransferResult> SendTable::EndedAs(TransferId transfer) const {
-  auto it = index_.find(transfer);
-  if (it != index_.end()) {
-    const Send& send = sends_[it->second];
+  const uint32_t found = FindSend(transfer);
+  if (found != kNil) {
+    const Send& send = sends_[found];
     if (send.state == SendState::kDone) {
       // Everyone who needed it pulled; this pull is surplus.
       return send.end_reason == TransferResult::kOk
@@ -669,10 +669,12 @@ void SendTable::CheckInvariants() const {
   KV_CHECK_EQ(tombstones_.size(), tombstone_fifo_.size());
   size_t items_seen = 0, queued_seen = 0;
   uint32_t writes_seen = 0;
-  for (const auto& [t, s] : index_) {
+  // Every entry's tag is its record's transfer id's, and a lookup of that
+  // id finds the entry.
+  index_.CheckInvariants(SendKeyOf{&sends_});
+  index_.ForEach([&](uint32_t s) {
     const Send& send = sends_[s];
     KV_CHECK(send.used);
-    KV_CHECK(send.transfer == t);
     // A DONE record lingers only while a write reads its blocks.
     if (send.state == SendState::kDone) {
       KV_CHECK_GT(send.writes_in_flight, 0u);
@@ -714,7 +716,7 @@ void SendTable::CheckInvariants() const {
     KV_CHECK_EQ(writing, send.writes_in_flight);
     writes_seen += writing;
     items_seen += n;
-  }
+  });
   KV_CHECK_EQ(items_seen, live_items_);
   KV_CHECK_EQ(live_keys_.size(), live_items_);
   KV_CHECK_EQ(answered_.size(), answered_fifo_.size());

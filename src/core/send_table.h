@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "base/flat_map.h"
+#include "base/slot_index.h"
 #include "base/status.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
@@ -380,7 +381,17 @@ class SendTable {
   const SendTableOptions options_;
   std::vector<Send> sends_;
   uint32_t free_sends_ = kNil;
-  FlatMap<TransferId, uint32_t> index_;  // live records
+  // Reads a record's transfer id for index_ (which keeps only tags).
+  struct SendKeyOf {
+    const std::vector<Send>* sends;
+    const TransferId& operator()(uint32_t s) const { return (*sends)[s].transfer; }
+  };
+  // The live record of `transfer`, or kNil.
+  static_assert(kNil == SlotIndex<TransferId>::kNone);
+  uint32_t FindSend(TransferId transfer) const {
+    return index_.Find(transfer, SendKeyOf{&sends_});
+  }
+  SlotIndex<TransferId> index_;  // live records
   std::vector<Item> items_;
   uint32_t free_items_ = kNil;
   size_t live_items_ = 0;
