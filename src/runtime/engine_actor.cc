@@ -86,8 +86,15 @@ void EngineActor::Loop() {
   std::vector<RankReport> reports(tp_);
   while (true) {
     inbox_.Take(&fns);
-    for (auto& fn : fns) fn();
-    fns.clear();
+    if (!fns.empty()) {
+      for (auto& fn : fns) fn();
+      fns.clear();
+      // As in SpendCompute: what just arrived (an abort, an operation)
+      // sends its metadata now, not after the next step's real work
+      // (Step writes the batch's KV before it builds its metadata).
+      engine_->Control();
+      Dispatch();
+    }
     bool have = false;
     {
       MutexLock lock(&reports_mu_);

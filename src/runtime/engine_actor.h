@@ -4,7 +4,8 @@
 // is its only caller. Other threads post closures (add a request, abort
 // one, start a lifecycle operation, read a snapshot) to its inbox; rank
 // actors post their get_finished() reports. The loop:
-//   take closures and reports → run the closures → if the engine has work
+//   take closures and reports → run the closures and send what they
+//   started at once (Engine::Control) → if the engine has work
 //   or reports arrived, Step(reports, now) → dispatch its actions (tokens
 //   and finishes to RequestStreams, metadata to every rank actor, OpDone
 //   to the caller waiting for it) → spend the step's modelled compute time,
