@@ -34,6 +34,7 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
   c.num_blocks = o.pool_blocks;
   c.num_plain = o.plain ? 1 : 0;
   c.step_per_token_us = o.step_per_token_us;
+  c.control_nice = o.control_nice;
   c.engine_args = {"--step-base-us", std::to_string(o.step_base_us), "--max-batch-tokens",
                    std::to_string(o.max_batch_tokens), "--tcp-streams",
                    std::to_string(o.tcp_streams)};

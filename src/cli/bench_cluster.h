@@ -48,6 +48,7 @@ struct BenchClusterOptions {
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
   int64_t inline_write_kib = -1;      // serve's --inline-write-kib; -1: its default
+  int control_nice = 0;               // serve's --control-nice; 0: not passed
   bool plain = false;                 // also a plain engine with the same flags
 };
 

@@ -104,6 +104,11 @@ void RegisterTransferBench(CLI::App* bench) {
                   "the engines' --inline-write-kib (shm writes this small skip the worker "
                   "hand-off; -1: their default)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 20));
+  cmd->add_option("--control-nice", o->control_nice,
+                  "the engines' --control-nice: the control path's threads preempt bulk work "
+                  "(0: not passed)")
+      ->check(CLI::Range(-20, 0))
+      ->capture_default_str();
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for kvrelay and the UCX baseline");

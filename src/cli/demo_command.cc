@@ -20,6 +20,7 @@ struct DemoOptions {
   uint32_t p_tp = 1, d_tp = 1;
   uint32_t num_blocks = 0;
   double step_per_token_us = 20;
+  int control_nice = 0;
 };
 
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
@@ -32,6 +33,7 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
   c.d_tp = d.d_tp;
   c.num_blocks = d.num_blocks;
   c.step_per_token_us = d.step_per_token_us;
+  c.control_nice = d.control_nice;
   c.auth_token_file = load_base.auth_token_file;  // engines and router get it too
   std::printf("kvrelay demo: 1P1D on loopback, transport %s, model shape %s, P tp %u, D tp %u, "
               "logs in %s\n",
@@ -77,6 +79,12 @@ void RegisterDemo(CLI::App& app) {
   cmd->add_option("--p-tp", d->p_tp, "prefill tp")->capture_default_str();
   cmd->add_option("--d-tp", d->d_tp, "decode tp")->capture_default_str();
   cmd->add_option("--num-blocks", d->num_blocks, "KV blocks per engine (default: serve's)");
+  cmd->add_option("--control-nice", d->control_nice,
+                  "the engines' --control-nice: aborts, lifecycle calls and answers preempt "
+                  "bulk work, at the cost of TTFT under load (docs/performance.md; 0: not "
+                  "passed; without CAP_SYS_NICE the engines log it and go on)")
+      ->check(CLI::Range(-20, 0))
+      ->capture_default_str();
   cmd->add_option("--step-per-token-us", d->step_per_token_us, "modelled compute per token")
       ->capture_default_str();
   AddLoadFlags(cmd, o.get(), controls.get(), json_path.get());

@@ -83,6 +83,10 @@ Status LocalCluster::Start(const ClusterOptions& o) {
       a.push_back("--num-blocks");
       a.push_back(std::to_string(o.num_blocks));
     }
+    if (o.control_nice != 0) {
+      a.push_back("--control-nice");
+      a.push_back(std::to_string(o.control_nice));
+    }
     a.insert(a.end(), o.engine_args.begin(), o.engine_args.end());
     if (!o.auth_token_file.empty()) {
       a.push_back("--auth-token-file");

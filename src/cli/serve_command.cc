@@ -32,6 +32,7 @@ struct ServeCliOptions {
   uint32_t max_waiting = 4096;
   uint32_t num_workers = 4;
   uint32_t inline_write_kib = 1024;
+  int control_nice = 0;
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
   double abort_timeout_s = 480;
@@ -111,6 +112,7 @@ int RunServe(const ServeCliOptions& o) {
   no.ctrl_port = static_cast<uint16_t>(o.ctrl_port >= 0 ? o.ctrl_port : o.port + 1000);
   no.num_workers = o.num_workers;
   no.inline_write_bytes = uint64_t{o.inline_write_kib} * 1024;
+  no.control_nice = o.control_nice;
   no.transport_options.listen_host = o.host;
   no.transport_options.tcp_streams = o.tcp_streams;
   no.transport_options.ucx_tls = o.ucx_tls;
@@ -215,6 +217,13 @@ void RegisterServe(CLI::App& app) {
                   "shm: a write of at most this many KiB runs on the rank's own thread, "
                   "saving two thread hand-offs (0: every write goes to a worker)")
       ->check(CLI::Range(0u, 1u << 20))
+      ->capture_default_str();
+  cmd->add_option("--control-nice", o->control_nice,
+                  "nice value of the control path's threads (engine loop, ranks, ZeroMQ I/O), "
+                  "so aborts and answers preempt bulk work on a saturated machine, at the cost "
+                  "of TTFT there (docs/operations.md); below 0 needs CAP_SYS_NICE or "
+                  "RLIMIT_NICE, else it is logged and not applied (0: inherited)")
+      ->check(CLI::Range(-20, 0))
       ->capture_default_str();
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();

@@ -81,6 +81,7 @@ Status StartCluster(BenchCluster& c, const TransferBenchOptions& o, const std::s
   b.tcp_streams = o.tcp_streams;
   b.ucx_tls = o.ucx_tls;
   b.inline_write_kib = o.inline_write_kib;
+  b.control_nice = o.control_nice;
   if (modelled) {
     b.step_base_us = 500;
     b.step_per_token_us = 20;

@@ -37,6 +37,7 @@ struct TransferBenchOptions {
   uint32_t abort_probes = 0;             // abort-on-P probes per transport (0: skip)
   uint32_t tcp_streams = 4;
   int64_t inline_write_kib = -1;  // -1: the engines' default
+  int control_nice = 0;           // the engines' --control-nice (0: not passed)
   std::string ucx_tls;
   std::string logs = "/tmp/kvrelay-bench-transfer";
   std::string json_path;                 // "-" for stdout

@@ -3,6 +3,8 @@
 #include <deque>
 
 #include "runtime/clock.h"
+#include "runtime/log.h"
+#include "runtime/thread_priority.h"
 
 namespace kvrelay::runtime {
 
@@ -17,7 +19,15 @@ EngineActor::~EngineActor() { Stop(); }
 
 void EngineActor::Start() {
   KV_CHECK(!thread_.joinable());
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("kv-engine");
+    if (thread_nice_ != 0) {
+      if (Status s = SetThisThreadNice(thread_nice_); !s.ok()) {
+        Log("engine", "loop thread keeps its priority: %s", s.ToString().c_str());
+      }
+    }
+    Loop();
+  });
 }
 
 void EngineActor::Stop() {

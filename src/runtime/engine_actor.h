@@ -56,6 +56,9 @@ class EngineActor {
   // REQUIRES: before Start. Called on the engine thread with each step's
   // connector metadata (Node fans it out to every rank actor).
   void SetMetadataSink(MetadataSink sink) { metadata_sink_ = std::move(sink); }
+  // REQUIRES: before Start. The loop thread's nice value (0: inherited);
+  // one the process may not set is logged and left (thread_priority.h).
+  void SetThreadNice(int nice) { thread_nice_ = nice; }
   void Start();
   // Finishes every open request and operation as failed, joins the thread.
   void Stop();
@@ -95,6 +98,7 @@ class EngineActor {
 
   std::unique_ptr<engine::Engine> engine_;
   MetadataSink metadata_sink_;
+  int thread_nice_ = 0;
   Inbox inbox_;
   Mutex reports_mu_;
   std::vector<RankReport> reports_ GUARDED_BY(reports_mu_);  // one per rank

@@ -5,6 +5,7 @@
 #include "net/write_plan.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/thread_priority.h"
 
 namespace kvrelay::runtime {
 
@@ -26,8 +27,29 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     return InvalidArgumentError("--tp must be 1, 2 or 4");
   }
   if (eo.engine_id >= (1u << 28)) return InvalidArgumentError("--engine-id must be < 2^28");
+  if (options.control_nice < -20 || options.control_nice > 0) {
+    return InvalidArgumentError("--control-nice must be within -20..0");
+  }
   std::unique_ptr<Node> node(new Node(options));
   node->zmq_ = zmq_ctx_new();
+  int nice = options.control_nice;
+  if (nice != 0 && !CanSetNice(nice)) {
+    Log("node", "--control-nice %d not permitted (needs CAP_SYS_NICE or RLIMIT_NICE); "
+        "control threads keep their priority", nice);
+    nice = 0;
+  }
+  if (nice != 0) {
+    // ZeroMQ starts its I/O and reaper threads with a context's first
+    // socket, and a new thread inherits its creator's nice value: open and
+    // close one socket from this thread at `nice`, then come back. (Its
+    // own ZMQ_THREAD_PRIORITY option was measured to give them nice -20
+    // for a priority of 10 with libzmq 4.3.4, so it is not used.)
+    const int was = ThisThreadNice();
+    if (SetThisThreadNice(nice).ok()) {
+      if (void* s = zmq_socket(node->zmq_, ZMQ_DEALER); s != nullptr) zmq_close(s);
+      (void)SetThisThreadNice(was);  // raising a nice value needs no privilege
+    }
+  }
   Result<std::unique_ptr<net::Transport>> t =
       net::MakeTransport(options.transport, options.transport_options);
   if (!t.ok()) return t.status();
@@ -77,6 +99,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       ro.peer_down_after = options.peer_down_after;
       ro.peer_dead_after = options.peer_dead_after;
       ro.auth_token = options.auth_token;
+      ro.thread_nice = nice;
       node->ranks_.push_back(std::make_unique<RankActor>(ro, node->zmq_, node->transport_.get(),
                                                          node->regions_[r].get(),
                                                          node->engine_.get(), options.latency));
@@ -90,7 +113,9 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       if (!s.ok()) return s;
     }
   }
+  node->engine_->SetThreadNice(nice);
   node->engine_->Start();
+  if (nice != 0) Log("node", "control threads (engine loop, ranks, ZeroMQ I/O) at nice %d", nice);
   return node;
 }
 

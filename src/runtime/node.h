@@ -50,6 +50,10 @@ struct NodeOptions {
   LatencySink latency;
   net::WriteFaultOptions write_faults;     // fault drills only (serve --debug-fail-writes-*)
   std::string auth_token;                  // control-channel secret; empty: none
+  // Nice value (-20..0) of the control path's threads: the engine loop, the
+  // rank actors and ZeroMQ's I/O threads (runtime/thread_priority.h). 0:
+  // inherited. One the process may not set is logged and not applied.
+  int control_nice = 0;
 };
 
 class Node {

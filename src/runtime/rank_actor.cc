@@ -9,6 +9,7 @@
 #include "net/write_plan.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/thread_priority.h"
 
 namespace kvrelay::runtime {
 
@@ -76,7 +77,15 @@ Status RankActor::Start() {
     }
   }
   next_heartbeat_ = MonoNow();
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("kv-rank" + std::to_string(options_.rank));
+    if (options_.thread_nice != 0) {
+      if (Status s = SetThisThreadNice(options_.thread_nice); !s.ok()) {
+        Log("rank", "rank %u thread keeps its priority: %s", options_.rank, s.ToString().c_str());
+      }
+    }
+    Loop();
+  });
   return Status::Ok();
 }
 

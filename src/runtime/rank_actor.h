@@ -108,6 +108,7 @@ struct RankActorOptions {
   Duration peer_down_after = Duration::Seconds(3);
   Duration peer_dead_after = Duration::Seconds(10);
   int socket_hwm = 100000;             // ZeroMQ high-water mark, each way
+  int thread_nice = 0;                 // the actor thread's nice value; 0: inherited
   std::string auth_token;              // shared secret; empty: no authentication
 };
 

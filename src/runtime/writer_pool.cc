@@ -1,11 +1,15 @@
 #include "runtime/writer_pool.h"
 
 #include "runtime/clock.h"
+#include "runtime/thread_priority.h"
 
 namespace kvrelay::runtime {
 
 WriterPool::WriterPool(uint32_t num_workers, size_t max_queued) : max_queued_(max_queued) {
-  for (uint32_t i = 0; i < num_workers; ++i) threads_.emplace_back([this] { Run(); });
+  for (uint32_t i = 0; i < num_workers; ++i) threads_.emplace_back([this] {
+    NameThisThread("kv-writer");
+    Run();
+  });
 }
 
 WriterPool::~WriterPool() { Stop(); }
