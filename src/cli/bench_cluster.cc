@@ -43,6 +43,10 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
     c.engine_args.push_back("--inline-write-kib");
     c.engine_args.push_back(std::to_string(o.inline_write_kib));
   }
+  if (o.kv_read_threads != 1) {
+    c.engine_args.push_back("--kv-read-threads");
+    c.engine_args.push_back(std::to_string(o.kv_read_threads));
+  }
   if (!o.ucx_tls.empty()) {
     c.engine_args.push_back("--ucx-tls");
     c.engine_args.push_back(o.ucx_tls);

@@ -49,6 +49,7 @@ struct BenchClusterOptions {
   std::string ucx_tls;
   int64_t inline_write_kib = -1;      // serve's --inline-write-kib; -1: its default
   int control_nice = 0;               // serve's --control-nice; 0: not passed
+  uint32_t kv_read_threads = 1;       // serve's --kv-read-threads (every engine, plain too)
   bool plain = false;                 // also a plain engine with the same flags
 };
 

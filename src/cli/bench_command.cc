@@ -174,6 +174,10 @@ void RegisterTtftBench(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
+  cmd->add_option("--kv-read-threads", o->kv_read_threads,
+                  "every engine's --kv-read-threads (the plain engine's too)")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS");
   cmd->add_option("--request-timeout-s", o->request_timeout_s, "a request hung longer fails")
       ->capture_default_str();

@@ -33,6 +33,7 @@ struct ServeCliOptions {
   uint32_t num_workers = 4;
   uint32_t inline_write_kib = 1024;
   int control_nice = 0;
+  uint32_t kv_read_threads = 1;
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
   double abort_timeout_s = 480;
@@ -113,6 +114,7 @@ int RunServe(const ServeCliOptions& o) {
   no.num_workers = o.num_workers;
   no.inline_write_bytes = uint64_t{o.inline_write_kib} * 1024;
   no.control_nice = o.control_nice;
+  no.kv_read_threads = o.kv_read_threads;
   no.transport_options.listen_host = o.host;
   no.transport_options.tcp_streams = o.tcp_streams;
   no.transport_options.ucx_tls = o.ucx_tls;
@@ -224,6 +226,11 @@ void RegisterServe(CLI::App& app) {
                   "of TTFT there (docs/operations.md); below 0 needs CAP_SYS_NICE or "
                   "RLIMIT_NICE, else it is logged and not applied (0: inherited)")
       ->check(CLI::Range(-20, 0))
+      ->capture_default_str();
+  cmd->add_option("--kv-read-threads", o->kv_read_threads,
+                  "threads the emulated model reads a request's KV with at each step, as a "
+                  "GPU's attention reads it in parallel (reads of 16 blocks a thread or more)")
+      ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();

@@ -334,6 +334,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   co.step_per_token_us = o.step_per_token_us;
   co.prefix_caching = false;
   co.tcp_streams = o.tcp_streams;
+  co.kv_read_threads = o.kv_read_threads;
   co.ucx_tls = o.ucx_tls;
   co.plain = true;
 

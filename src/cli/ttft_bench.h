@@ -43,6 +43,7 @@ struct TtftBenchOptions {
   uint32_t pool_blocks = 0;              // 0: the largest prompt's blocks + 16
   double target_ratio = 1.25;
   uint32_t tcp_streams = 4;
+  uint32_t kv_read_threads = 2;          // every engine's --kv-read-threads (plain too)
   std::string ucx_tls;
   double request_timeout_s = 120;
   std::string logs = "/tmp/kvrelay-bench-ttft";

@@ -27,6 +27,9 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     return InvalidArgumentError("--tp must be 1, 2 or 4");
   }
   if (eo.engine_id >= (1u << 28)) return InvalidArgumentError("--engine-id must be < 2^28");
+  if (options.kv_read_threads < 1 || options.kv_read_threads > 64) {
+    return InvalidArgumentError("--kv-read-threads must be within 1..64");
+  }
   if (options.control_nice < -20 || options.control_nice > 0) {
     return InvalidArgumentError("--control-nice must be within -20..0");
   }
@@ -69,7 +72,9 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     node->regions_.push_back(std::move(*region));
   }
   node->memory_ = std::make_unique<engine::RankedKvMemory>(eo.shape, eo.num_blocks, spans);
-  node->engine_ = std::make_unique<EngineActor>(eo, node->memory_.get());
+  node->parallel_memory_ =
+      std::make_unique<ParallelKvMemory>(node->memory_.get(), options.kv_read_threads);
+  node->engine_ = std::make_unique<EngineActor>(eo, node->parallel_memory_.get());
   if (node->transfers()) {
     for (uint32_t r = 0; r < eo.tp; ++r) {
       RankActorOptions ro;
@@ -123,6 +128,7 @@ Node::~Node() {
   Shutdown(Duration::Zero());
   ranks_.clear();
   engine_.reset();
+  parallel_memory_.reset();
   memory_.reset();
   regions_.clear();
   transport_.reset();

@@ -23,6 +23,7 @@
 #include "net/faulty_transport.h"
 #include "net/transport.h"
 #include "runtime/engine_actor.h"
+#include "runtime/parallel_kv_memory.h"
 #include "runtime/rank_actor.h"
 
 namespace kvrelay::runtime {
@@ -54,6 +55,9 @@ struct NodeOptions {
   // rank actors and ZeroMQ's I/O threads (runtime/thread_priority.h). 0:
   // inherited. One the process may not set is logged and not applied.
   int control_nice = 0;
+  // Threads the emulated model reads a request's KV with at each step
+  // (runtime/parallel_kv_memory.h); 1: the engine's own thread only.
+  uint32_t kv_read_threads = 1;
 };
 
 class Node {
@@ -84,6 +88,7 @@ class Node {
   std::unique_ptr<net::Transport> transport_;
   std::vector<std::unique_ptr<net::Region>> regions_;
   std::unique_ptr<engine::RankedKvMemory> memory_;
+  std::unique_ptr<ParallelKvMemory> parallel_memory_;  // wraps memory_; the engine's view
   std::unique_ptr<EngineActor> engine_;
   std::vector<std::unique_ptr<RankActor>> ranks_;
   Mutex shutdown_mu_;
