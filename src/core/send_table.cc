@@ -1,6 +1,7 @@
 #include "core/send_table.h"
 
 #include <algorithm>
+#include <bit>
 #include <utility>
 
 #include "base/check.h"
@@ -580,14 +581,16 @@ void SendTable::Answer(PeerId peer, uint64_t seq, TransferId t,
   ++stats_.answers[static_cast<int>(r)];
   actions_.push_back(AnswerPull{peer, seq, t, r});
   // Remember it, so a resent pull gets the same answer.
+  // The oldest goes before the new one comes in, as for tombstones, so the
+  // map never holds bound + 1 entries (which would double its capacity).
   const uint64_t key = ItemKey(peer, seq, t);
-  if (answered_.emplace(key, r).second) {
-    while (answered_fifo_.size() >= options_.max_tombstones) {
-      answered_.erase(answered_fifo_.front().key);
-      answered_fifo_.pop_front();
-    }
-    answered_fifo_.push_back(Answered{key, now_});
+  if (answered_.contains(key)) return;
+  while (answered_fifo_.size() >= options_.max_tombstones) {
+    answered_.erase(answered_fifo_.front().key);
+    answered_fifo_.pop_front();
   }
+  answered_.emplace(key, r);
+  answered_fifo_.push_back(Answered{key, now_});
 }
 
 uint64_t SendTable::ItemKey(PeerId peer, uint64_t seq, TransferId t) {
@@ -720,6 +723,11 @@ void SendTable::CheckInvariants() const {
   KV_CHECK_EQ(items_seen, live_items_);
   KV_CHECK_EQ(live_keys_.size(), live_items_);
   KV_CHECK_EQ(answered_.size(), answered_fifo_.size());
+  // Both memories evict before they insert: never bound + 1 entries, so
+  // never a capacity doubled for one entry.
+  const size_t memory_capacity = std::max<size_t>(16, std::bit_ceil(2 * size_t{options_.max_tombstones}));
+  KV_CHECK_LE(answered_.capacity(), memory_capacity);
+  KV_CHECK_LE(tombstones_.capacity(), memory_capacity);
   KV_CHECK_EQ(queued_seen, admission_.size);
   KV_CHECK_EQ(writes_seen, writes_in_flight_);
   KV_CHECK_EQ(deadlines_.size() + writes_in_flight_, live_items_);

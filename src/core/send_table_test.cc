@@ -1065,6 +1065,57 @@ TEST(SendTableTest, CaseTableCoversTheSeed) {
   EXPECT_GE(Cases().size(), 18u);
 }
 
+// The remembered answers hold at most max_tombstones entries at every
+// moment: the oldest is dropped before a new one goes in, so the map never
+// grows for one entry past the bound (CheckInvariants checks its capacity).
+// A resent pull still inside the memory gets its answer again; one dropped
+// from it is not.
+TEST(SendTableTest, RememberedAnswersStayWithinTheirBound) {
+  SendTableOptions o = Opts();
+  o.max_tombstones = 16;
+  SendTable table(o);
+  const Instant now = Instant::Epoch();
+  const std::vector<BlockId> blocks = {BlockId{1, 1}};
+  auto drain = [&] {
+    std::vector<AnswerPull> answers;
+    while (auto a = table.PollAction()) {
+      if (auto* w = std::get_if<StartWrite>(&*a)) table.WriteDone(w->write, true, now);
+      if (auto* p = std::get_if<AnswerPull>(&*a)) answers.push_back(*p);
+    }
+    return answers;
+  };
+  std::vector<PullItem> pull(1);
+  pull[0].dst = {BlockId{9, 1}};
+  for (uint64_t k = 1; k <= 40; ++k) {
+    ASSERT_TRUE(table.Claim(Tid(k), 1, now).ok());
+    ASSERT_TRUE(table.Ready(Tid(k), blocks, now).ok());
+    pull[0].transfer = Tid(k);
+    table.Pull(P1, k, pull, now);
+    const std::vector<AnswerPull> answers = drain();
+    ASSERT_EQ(answers.size(), 1u);
+    EXPECT_EQ(answers[0].result, TransferResult::kOk);
+    table.CheckInvariants();
+  }
+  EXPECT_EQ(table.live_sends(), 0u);
+  // The last 16 are remembered: a resend of each is answered again, as before.
+  for (uint64_t k = 25; k <= 40; ++k) {
+    pull[0].transfer = Tid(k);
+    table.Pull(P1, k, pull, now);
+    const std::vector<AnswerPull> answers = drain();
+    ASSERT_EQ(answers.size(), 1u) << k;
+    EXPECT_EQ(answers[0].result, TransferResult::kOk) << k;
+  }
+  EXPECT_EQ(table.stats().reanswered, 16u);
+  // The 17th newest was dropped: its resend is a new pull (a placeholder,
+  // since a transfer everyone pulled leaves no tombstone).
+  pull[0].transfer = Tid(24);
+  table.Pull(P1, 24, pull, now);
+  EXPECT_TRUE(drain().empty());
+  EXPECT_EQ(table.stats().reanswered, 16u);
+  EXPECT_EQ(table.live_sends(), 1u);
+  table.CheckInvariants();
+}
+
 // ---------------------------------------------------------------------------
 // Cross product: every order of a small event set on one transfer.
 
