@@ -29,7 +29,8 @@ double Seconds(std::chrono::steady_clock::duration d) {
 // which depend on what the allocator kept from the previous round: in one
 // process the 1,000 case reused pages the 100,000 case had freed (123 vs
 // 205-233 ns an input), while run in separate processes both took 220.
-constexpr uint32_t kRememberedAnswers = 1u << 16;
+// The bound and the warm-up are kSendRememberedAnswers and
+// kSendWarmupHandoffs (core_bench.h).
 
 // One complete hand-off through `table`: claim, ready, pull, write done
 // (which ends the send and releases its blocks). Four inputs. `pull` is the
@@ -57,13 +58,13 @@ void SendHandoff(SendTable& table, Prng& prng, Instant now, uint64_t seq,
 }
 
 // Holds `in_flight` READY sends that nobody pulls (expiry far away), runs
-// 1.25 x kRememberedAnswers hand-offs untimed, then times ops/4 more. Returns
+// kSendWarmupHandoffs hand-offs untimed, then times ops/4 more. Returns
 // inputs per second.
 double MeasureSendRound(uint32_t in_flight, uint64_t ops, uint64_t seed) {
   SendTableOptions opt;
   opt.abort_timeout = Duration::Seconds(3600);
   opt.num_workers = 8;
-  opt.max_tombstones = kRememberedAnswers;
+  opt.max_tombstones = kSendRememberedAnswers;
   SendTable table(opt);
   Prng prng(seed);
   Instant now = Instant::Epoch();
@@ -77,9 +78,7 @@ double MeasureSendRound(uint32_t in_flight, uint64_t ops, uint64_t seed) {
   std::vector<PullItem> pull(1);
   pull[0].dst = {BlockId{7, 1}};
   uint64_t seq = 0;
-  // A quarter more than the bound: the memory's last growth (one entry
-  // past the bound, before the oldest is dropped) happens here, untimed.
-  for (uint32_t k = 0; k < kRememberedAnswers + kRememberedAnswers / 4; ++k) {
+  for (uint32_t k = 0; k < kSendWarmupHandoffs; ++k) {
     now = now + Duration::Microseconds(1);
     SendHandoff(table, prng, now, seq++, pull);
   }

@@ -29,7 +29,10 @@ void RegisterBench(CLI::App& app) {
   core->add_option("--in-flight", opt->in_flight,
                    "Transfers held in flight, one measurement each")
       ->capture_default_str();
-  core->add_option("--ops", opt->ops_per_round, "Table inputs per round")
+  core->add_option("--ops", opt->ops_per_round,
+                   "Table inputs timed per round (the send table first runs " +
+                       std::to_string(kSendWarmupHandoffs) +
+                       " hand-offs untimed, so its remembered answers are full)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{4}, uint64_t{1} << 40));
   core->add_option("--rounds", opt->rounds, "Rounds; the best is kept")
