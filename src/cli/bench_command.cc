@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "bench/core_bench.h"
 #include "bench/load_gen.h"
