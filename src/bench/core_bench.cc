@@ -36,12 +36,11 @@ double Seconds(std::chrono::steady_clock::duration d) {
 // (which ends the send and releases its blocks). Four inputs. `pull` is the
 // caller's one-item scratch, its dst set.
 void SendHandoff(SendTable& table, Prng& prng, Instant now, uint64_t seq,
-                 std::vector<PullItem>& pull) {
-  static const std::vector<BlockId> kBlocks = {BlockId{1, 1}, BlockId{2, 1}};
+                 const std::vector<BlockId>& blocks, std::vector<PullItem>& pull) {
   const PeerId peer{0, 1};
   TransferId t = MakeId(prng);
   KV_CHECK(table.Claim(t, 1, now).ok());
-  KV_CHECK(table.Ready(t, kBlocks, now).ok());
+  KV_CHECK(table.Ready(t, blocks, now).ok());
   pull[0].transfer = t;
   table.Pull(peer, seq, pull, now);
   std::optional<WriteId> write;
@@ -80,13 +79,13 @@ double MeasureSendRound(uint32_t in_flight, uint64_t ops, uint64_t seed) {
   uint64_t seq = 0;
   for (uint32_t k = 0; k < kSendWarmupHandoffs; ++k) {
     now = now + Duration::Microseconds(1);
-    SendHandoff(table, prng, now, seq++, pull);
+    SendHandoff(table, prng, now, seq++, blocks, pull);
   }
   const uint64_t handoffs = ops / 4;
   auto start = std::chrono::steady_clock::now();
   for (uint64_t k = 0; k < handoffs; ++k) {
     now = now + Duration::Microseconds(1);
-    SendHandoff(table, prng, now, seq++, pull);
+    SendHandoff(table, prng, now, seq++, blocks, pull);
   }
   auto elapsed = std::chrono::steady_clock::now() - start;
   KV_CHECK_EQ(table.live_sends(), in_flight);
