@@ -3,7 +3,8 @@
 // Why: the core's indexes (send table: tombstones, pull keys, remembered
 // answers; load table: request → slot) are looked up several times per
 // input. (The transfer → slot indexes, whose key already sits in the
-// owner's record, use the smaller SlotIndex: base/slot_index.h.) std::unordered_map allocates one node per
+// owner's record, use the smaller SlotIndex: base/slot_index.h.)
+// std::unordered_map allocates one node per
 // entry and reaches it through a bucket array: two or three dependent cache
 // misses per lookup once the table outgrows the cache (100,000 transfers in
 // flight), plus a malloc/free per insert/erase. Here an entry lives in one
@@ -39,6 +40,8 @@
 // twice; size_ <= capacity / 2.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -161,6 +164,14 @@ class FlatMap {
     while (n * 2 > slots_.size()) Grow();
   }
 
+  // The capacity a map that has never held more than `n` entries (n ≥ 1)
+  // has at most: the first array is kMinCapacity slots, each growth
+  // doubles it, and it grows only when an insert would pass load 1/2.
+  static constexpr size_t kMinCapacity = 16;
+  static constexpr size_t CapacityFor(size_t n) {
+    return std::max(kMinCapacity, std::bit_ceil(2 * n));
+  }
+
   void clear() {
     for (Slot& s : slots_) s = Slot{};
     size_ = 0;
@@ -272,7 +283,7 @@ class FlatMap {
 
   void Grow() {
     std::vector<Slot> old = std::move(slots_);
-    const size_t cap = old.empty() ? 16 : old.size() * 2;
+    const size_t cap = old.empty() ? kMinCapacity : old.size() * 2;
     slots_.assign(cap, Slot{});
     mask_ = cap - 1;
     shift_ = 64;

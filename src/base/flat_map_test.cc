@@ -186,6 +186,20 @@ TEST(FlatMapTest, ReserveAvoidsGrowth) {
   m.CheckInvariants();
 }
 
+// CapacityFor(n) is exactly what growth by inserts reaches at n entries:
+// never less (an owner's check against it would fail on a correct map) and
+// never more (it would miss a map that grew for one entry too many).
+TEST(FlatMapTest, CapacityForMatchesGrowth) {
+  FlatMap<uint64_t, int> m;
+  for (uint64_t n = 1; n <= 5000; ++n) {
+    m.emplace(n, 0);
+    ASSERT_EQ(m.capacity(), (FlatMap<uint64_t, int>::CapacityFor(n))) << n;
+  }
+  FlatMap<uint64_t, int> r;
+  r.reserve(1000);
+  EXPECT_EQ(r.capacity(), (FlatMap<uint64_t, int>::CapacityFor(1000)));
+}
+
 // Steady churn (the core's pattern: insert new keys, erase old ones) keeps
 // the capacity fixed: erasing leaves no markers behind.
 TEST(FlatMapTest, ChurnDoesNotGrow) {

@@ -1,7 +1,6 @@
 #include "core/send_table.h"
 
 #include <algorithm>
-#include <bit>
 #include <utility>
 
 #include "base/check.h"
@@ -724,12 +723,10 @@ void SendTable::CheckInvariants() const {
   KV_CHECK_EQ(live_keys_.size(), live_items_);
   KV_CHECK_EQ(answered_.size(), answered_fifo_.size());
   // Both memories evict before they insert: never bound + 1 entries, so
-  // never a capacity doubled for one entry. (FlatMap keeps load <= 1/2 in a
-  // power-of-two capacity, 16 at least.)
-  const size_t memory_capacity =
-      std::max<size_t>(16, std::bit_ceil(2 * size_t{options_.max_tombstones}));
-  KV_CHECK_LE(answered_.capacity(), memory_capacity);
-  KV_CHECK_LE(tombstones_.capacity(), memory_capacity);
+  // never a capacity doubled for one entry.
+  KV_CHECK_LE(answered_.capacity(), decltype(answered_)::CapacityFor(options_.max_tombstones));
+  KV_CHECK_LE(tombstones_.capacity(),
+              decltype(tombstones_)::CapacityFor(options_.max_tombstones));
   KV_CHECK_EQ(queued_seen, admission_.size);
   KV_CHECK_EQ(writes_seen, writes_in_flight_);
   KV_CHECK_EQ(deadlines_.size() + writes_in_flight_, live_items_);
