@@ -39,6 +39,8 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
                    std::to_string(o.max_batch_tokens), "--tcp-streams",
                    std::to_string(o.tcp_streams)};
   if (!o.prefix_caching) c.engine_args.push_back("--no-prefix-caching");
+  if (o.busy_steps) c.engine_args.push_back("--busy-steps");
+  if (!o.fast_abort) c.engine_args.push_back("--no-fast-abort");
   if (o.inline_write_kib >= 0) {
     c.engine_args.push_back("--inline-write-kib");
     c.engine_args.push_back(std::to_string(o.inline_write_kib));

@@ -51,6 +51,8 @@ struct BenchClusterOptions {
   int control_nice = 0;               // serve's --control-nice; 0: not passed
   uint32_t kv_read_threads = 1;       // serve's --kv-read-threads (every engine, plain too)
   bool plain = false;                 // also a plain engine with the same flags
+  bool busy_steps = false;            // serve's --busy-steps
+  bool fast_abort = true;             // false: serve's --no-fast-abort
 };
 
 class BenchCluster {

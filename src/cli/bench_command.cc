@@ -113,6 +113,12 @@ void RegisterTransferBench(CLI::App* bench) {
                   "(0: not passed)")
       ->check(CLI::Range(-20, 0))
       ->capture_default_str();
+  cmd->add_flag("--busy-steps", o->busy_steps,
+                "the engines' --busy-steps: inputs that arrive during a step wait for its "
+                "end, as in vLLM");
+  cmd->add_flag_callback("--no-fast-abort", [o] { o->fast_abort = false; },
+                "the engines' --no-fast-abort: an abort on P reaches the ranks only through "
+                "the engine loop (to measure what the fast abort buys)");
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for kvrelay and the UCX baseline");

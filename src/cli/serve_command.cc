@@ -34,6 +34,8 @@ struct ServeCliOptions {
   uint32_t inline_write_kib = 1024;
   int control_nice = 0;
   uint32_t kv_read_threads = 1;
+  bool busy_steps = false;
+  bool no_fast_abort = false;
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
   double abort_timeout_s = 480;
@@ -115,6 +117,8 @@ int RunServe(const ServeCliOptions& o) {
   no.inline_write_bytes = uint64_t{o.inline_write_kib} * 1024;
   no.control_nice = o.control_nice;
   no.kv_read_threads = o.kv_read_threads;
+  no.busy_steps = o.busy_steps;
+  so.fast_abort = !o.no_fast_abort;
   no.transport_options.listen_host = o.host;
   no.transport_options.tcp_streams = o.tcp_streams;
   no.transport_options.ucx_tls = o.ucx_tls;
@@ -232,6 +236,13 @@ void RegisterServe(CLI::App& app) {
                   "GPU's attention reads it in parallel (reads of 16 blocks a thread or more)")
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
+  cmd->add_flag("--busy-steps", o->busy_steps,
+               "model each step's compute as a busy GPU: aborts and calls that arrive "
+               "during it wait for its end, as in vLLM (default: they run at once)");
+  cmd->add_flag("--no-fast-abort", o->no_fast_abort,
+                "P: end an aborted prefill leg's send through the engine loop only (by "
+                "default an abort of an open leg, from abort_requests or a client gone, "
+                "also goes straight to the ranks, so a waiting D is answered at once)");
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS (default: UCX's choice)");

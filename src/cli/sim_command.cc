@@ -102,7 +102,8 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kCrash,               Mark::kStaleIncarnation,
     Mark::kDuplicateTransferRejected, Mark::kPoolPressure,
     Mark::kPrefixHit,           Mark::kPullResent,
-    Mark::kReanswered,
+    Mark::kReanswered,          Mark::kFastAbort,
+    Mark::kFastAbortBeforeClaim,
     // read mode
     Mark::kLeaseExpired,        Mark::kLeaseExpiredRevoking,
     Mark::kLeaseExtended,       Mark::kRevokeSent,

@@ -82,6 +82,8 @@ Status StartCluster(BenchCluster& c, const TransferBenchOptions& o, const std::s
   b.ucx_tls = o.ucx_tls;
   b.inline_write_kib = o.inline_write_kib;
   b.control_nice = o.control_nice;
+  b.busy_steps = o.busy_steps;
+  b.fast_abort = o.fast_abort;
   if (modelled) {
     b.step_base_us = 500;
     b.step_per_token_us = 20;

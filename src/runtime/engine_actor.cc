@@ -1,5 +1,6 @@
 #include "runtime/engine_actor.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "runtime/clock.h"
@@ -32,6 +33,7 @@ void EngineActor::Start() {
 
 void EngineActor::Stop() {
   if (!thread_.joinable()) return;
+  stop_requested_.store(true);
   inbox_.Post([this] { stopping_ = true; });
   thread_.join();
 }
@@ -140,9 +142,19 @@ void EngineActor::Loop() {
 // what arrives meanwhile runs now — the scheduler is free while the model
 // computes — and Control() sends the metadata of an abort or an operation
 // at once. An abort on P thus reaches the ranks within the inbox's wake-up,
-// not after the rest of the step.
+// not after the rest of the step. With busy steps (SetBusySteps) it just
+// waits: the model of an engine that handles inputs only between steps.
 void EngineActor::SpendCompute(std::chrono::steady_clock::time_point until,
                                std::deque<Inbox::Fn>* fns) {
+  if (busy_steps_) {
+    // Busy: nothing runs until the step ends (or Stop asks), in slices so
+    // a Stop is seen within one.
+    constexpr auto kSlice = std::chrono::milliseconds(5);
+    while (!stop_requested_.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_until(std::min(until, std::chrono::steady_clock::now() + kSlice));
+    }
+    return;
+  }
   while (!stopping_ && std::chrono::steady_clock::now() < until) {
     inbox_.WaitUntil(until);
     inbox_.Take(fns);

@@ -18,6 +18,7 @@
 // thread-safe unless marked; the loop runs on the actor's own thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -59,6 +60,10 @@ class EngineActor {
   // REQUIRES: before Start. The loop thread's nice value (0: inherited);
   // one the process may not set is logged and left (thread_priority.h).
   void SetThreadNice(int nice) { thread_nice_ = nice; }
+  // REQUIRES: before Start. A step's modelled compute keeps the loop busy:
+  // closures that arrive meanwhile run only after it (a GPU's forward pass;
+  // vLLM handles aborts between steps). Stop() still cuts it short.
+  void SetBusySteps(bool busy) { busy_steps_ = busy; }
   void Start();
   // Finishes every open request and operation as failed, joins the thread.
   void Stop();
@@ -99,6 +104,8 @@ class EngineActor {
   std::unique_ptr<engine::Engine> engine_;
   MetadataSink metadata_sink_;
   int thread_nice_ = 0;
+  bool busy_steps_ = false;
+  std::atomic<bool> stop_requested_{false};  // read by a busy step
   Inbox inbox_;
   Mutex reports_mu_;
   std::vector<RankReport> reports_ GUARDED_BY(reports_mu_);  // one per rank

@@ -75,6 +75,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   node->parallel_memory_ =
       std::make_unique<ParallelKvMemory>(node->memory_.get(), options.kv_read_threads);
   node->engine_ = std::make_unique<EngineActor>(eo, node->parallel_memory_.get());
+  node->engine_->SetBusySteps(options.busy_steps);
   if (node->transfers()) {
     for (uint32_t r = 0; r < eo.tp; ++r) {
       RankActorOptions ro;

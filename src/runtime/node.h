@@ -58,6 +58,10 @@ struct NodeOptions {
   // Threads the emulated model reads a request's KV with at each step
   // (runtime/parallel_kv_memory.h); 1: the engine's own thread only.
   uint32_t kv_read_threads = 1;
+  // Model each step's compute as a busy accelerator: what arrives during it
+  // (an abort, an operation) waits for its end, as in vLLM's engine core.
+  // Off: it runs at once (EngineActor::SpendCompute).
+  bool busy_steps = false;
 };
 
 class Node {

@@ -99,14 +99,20 @@ void RankActor::Stop() {
 }
 
 void RankActor::PostMetadata(const ConnectorMetadata& meta) {
-  inbox_.Post([this, meta] {
-    const Instant now = MonoNow();
-    for (const LoadOp& l : meta.loads) {
-      transfer_of_request_[l.request] = l.transfer;
-      load_started_[l.transfer] = now;
-    }
-    conn_.ApplyMetadata(meta, now);
-  });
+  inbox_.Post([this, meta] { ApplyMetadata(meta); });
+}
+
+bool RankActor::TryPostMetadata(const ConnectorMetadata& meta) {
+  return inbox_.TryPost([this, meta] { ApplyMetadata(meta); });
+}
+
+void RankActor::ApplyMetadata(const ConnectorMetadata& meta) {
+  const Instant now = MonoNow();
+  for (const LoadOp& l : meta.loads) {
+    transfer_of_request_[l.request] = l.transfer;
+    load_started_[l.transfer] = now;
+  }
+  conn_.ApplyMetadata(meta, now);
 }
 
 Status RankActor::EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,

@@ -188,6 +188,9 @@ class RankActor {
   void Stop();
 
   void PostMetadata(const ConnectorMetadata& meta);
+  // As PostMetadata, but false (dropped) if the inbox is full or closed:
+  // for inputs that another path also delivers (the server's fast abort).
+  bool TryPostMetadata(const ConnectorMetadata& meta);
   // D: blocks until this rank has handshaken with every rank of producer
   // engine `engine` it pulls from (at host:port+rank), or `timeout`.
   Status EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
@@ -220,6 +223,7 @@ class RankActor {
   };
 
   void Loop();
+  void ApplyMetadata(const ConnectorMetadata& meta);  // actor thread
   void DrainRouter();
   void DrainDealer(Conn& c);
   void OnFrame(const std::string* identity, Conn* conn, const uint8_t* data, size_t size);

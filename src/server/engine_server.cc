@@ -115,6 +115,10 @@ uint64_t StartAdminCall(const AdminCall& call, const std::vector<uint64_t>& clie
 struct EngineServer::Impl {
   Mutex ids_mu;
   std::unordered_map<std::string, uint64_t> client_of_id GUARDED_BY(ids_mu);
+  // P: the transfer of each open P leg, by client id, from the moment the
+  // engine accepted it (so the engine's connector holds that transfer for
+  // it) until its response ends. The fast abort reads it.
+  std::unordered_map<uint64_t, TransferId> transfer_of_client GUARDED_BY(ids_mu);
   ServerOptions options;
   std::unique_ptr<runtime::Node> node;
   ServerMetrics metrics;
@@ -137,6 +141,7 @@ struct EngineServer::Impl {
   bool Authorized(const httplib::Request& req, httplib::Response& res);
   std::unique_ptr<AdminAuth> auth;
   void ReleaseRefused(const std::string& body, const CompletionRequest* parsed);
+  void FastAbort(const std::vector<TransferId>& transfers);
   json DebugState();
   std::string Metrics();
   runtime::EngineActor& engine() { return node->engine(); }
@@ -374,6 +379,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   {
     MutexLock lock(&ids_mu);
     client_of_id[p->id] = p->client;
+    if (p->kv_out) transfer_of_client[p->client] = p->kv_out->transfer;
   }
   const auto probe = options.disconnect_probe;
   const std::string model = options.model_name;
@@ -435,16 +441,22 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     return true;
   };
   auto releaser = [this, p](bool) {
+    std::optional<TransferId> transfer;
     {
       MutexLock lock(&ids_mu);
       auto it = client_of_id.find(p->id);
       if (it != client_of_id.end() && it->second == p->client) client_of_id.erase(it);
+      if (auto t = transfer_of_client.find(p->client); t != transfer_of_client.end()) {
+        transfer = t->second;
+        transfer_of_client.erase(t);
+      }
     }
     if (!p->finished.exchange(true)) {
       // The client went away before the end: abort its request.
       metrics.client_disconnects->Inc();
       metrics.RequestFinished(engine::FinishReason::kAborted,
                               (runtime::MonoNow() - p->started).seconds());
+      if (transfer) FastAbort({*transfer});
       engine().Abort(p->client);
     }
   };
@@ -477,13 +489,23 @@ void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& r
   }
   const AdminCall c = *call;
   std::vector<uint64_t> clients;
-  if (const auto* a = std::get_if<AbortRequestsCall>(&c); a && !a->all) {
+  std::vector<TransferId> transfers;  // of the open P legs among them
+  if (const auto* a = std::get_if<AbortRequestsCall>(&c)) {
     MutexLock lock(&ids_mu);
-    for (const std::string& id : a->request_ids) {
-      auto it = client_of_id.find(id);
-      if (it != client_of_id.end()) clients.push_back(it->second);
+    if (a->all) {
+      for (const auto& [client, t] : transfer_of_client) transfers.push_back(t);
+    } else {
+      for (const std::string& id : a->request_ids) {
+        auto it = client_of_id.find(id);
+        if (it == client_of_id.end()) continue;
+        clients.push_back(it->second);
+        if (auto t = transfer_of_client.find(it->second); t != transfer_of_client.end()) {
+          transfers.push_back(t->second);
+        }
+      }
     }
   }
+  FastAbort(transfers);
   runtime::OpResult r = engine().RunOp(
       [c, clients](engine::Engine& e) { return StartAdminCall(c, clients, e); },
       options.op_timeout);
@@ -531,6 +553,28 @@ void EngineServer::Impl::ReleaseRefused(const std::string& body,
       ReleaseUnstartedOp{kv.transfer, kv.remote_engine, kv.remote_tp, /*prompt_hash=*/0});
   for (const auto& rank : node->ranks()) rank->PostMetadata(meta);
   metrics.refused_releases->Inc();
+}
+
+// The fast abort: an abort of an open P leg (abort_requests, or its client
+// gone) also goes straight to every rank actor, ahead of the engine's own,
+// so a pull that waits on the send is answered without waiting for the
+// engine loop (which may be in a step). The send table decides either way:
+// the first abort to reach it ends the send, the other finds it ended; a
+// claim that comes after it is refused, and a Ready is refused and
+// reported at once, so the engine frees the blocks itself (docs/design.md,
+// "The fast abort"). Best effort: a full (or closed) rank inbox drops it,
+// and the engine's abort, posted right after, still ends the send.
+void EngineServer::Impl::FastAbort(const std::vector<TransferId>& transfers) {
+  if (transfers.empty() || !options.fast_abort) return;
+  ConnectorMetadata meta;
+  for (const TransferId& t : transfers) meta.aborts.push_back(AbortSendOp{t});
+  for (const auto& rank : node->ranks()) {
+    if (rank->TryPostMetadata(meta)) {
+      metrics.fast_aborts->Inc(transfers.size());
+    } else {
+      metrics.fast_aborts_dropped->Inc(transfers.size());
+    }
+  }
 }
 
 json EngineServer::Impl::DebugState() {

@@ -42,6 +42,9 @@ struct ServerOptions {
   uint32_t http_threads = 512;            // concurrent connections served
   std::chrono::milliseconds op_timeout{600'000};
   std::chrono::milliseconds disconnect_probe{200};
+  // P: an abort of an open P leg (abort_requests, a client gone) also ends
+  // its send straight at the ranks, ahead of the engine (the fast abort).
+  bool fast_abort = true;
 };
 
 class EngineServer {

@@ -37,6 +37,12 @@ ServerMetrics::ServerMetrics() {
   refused_releases = r.AddCounter("kvrelay_refused_handoff_releases_total",
                                   "D: hand-offs refused before admission whose P was told "
                                   "to release at once");
+  fast_aborts = r.AddCounter("kvrelay_fast_aborts_total",
+                             "P: sends of aborted or disconnected requests ended straight "
+                             "at the ranks, one per transfer and rank, ahead of the engine");
+  fast_aborts_dropped = r.AddCounter("kvrelay_fast_aborts_dropped_total",
+                                     "P: fast aborts not posted because a rank's inbox was "
+                                     "full or closed (the engine's own abort still follows)");
   const char* reasons[] = {"length", "abort", "error"};
   for (int i = 0; i < 3; ++i) {
     finished_[i] = r.AddCounter("kvrelay_requests_finished_total", "requests ended, by reason",

@@ -33,6 +33,8 @@ class ServerMetrics {
   Counter* requests_started;
   Counter* client_disconnects;
   Counter* refused_releases;
+  Counter* fast_aborts;
+  Counter* fast_aborts_dropped;
 
   // A request refused for a configured limit: kvrelay_limit_rejections_total
   // {limit="body_bytes"|"prompt_tokens"|"requests_per_client"}. The wire

@@ -42,6 +42,8 @@ std::string_view MarkName(Mark m) {
     case Mark::kNoticeAfterEnd: return "notice_after_end";
     case Mark::kGrantTooLate: return "grant_too_late";
     case Mark::kReadFailed: return "read_failed";
+    case Mark::kFastAbort: return "fast_abort";
+    case Mark::kFastAbortBeforeClaim: return "fast_abort_before_claim";
     case Mark::kCount: break;
   }
   return "?";

@@ -51,6 +51,8 @@ enum class Mark : uint8_t {
   kNoticeAfterEnd,           // a done/failed/release came after the lease ended
   kGrantTooLate,             // D did not read: too little lease left
   kReadFailed,
+  kFastAbort,                // P's server ended a send straight at its ranks
+  kFastAbortBeforeClaim,     //   ... before the engine's claim reached the rank
   kCount
 };
 

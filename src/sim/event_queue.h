@@ -31,6 +31,8 @@ enum class EventKind : uint8_t {
   kFaultsEnd,
   kReconnect,      // b = D engine, c = D rank, a = P engine, x = P rank
   kReadDone,       // a = read slot (read mode)
+  kRankAbort,      // a = request, b = P engine, c = rank, x = incarnation:
+                   // the server's fast abort reaches one of P's ranks
 };
 
 struct Event {

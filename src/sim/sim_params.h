@@ -68,6 +68,13 @@ struct SimParams {
   uint32_t lifecycle_pm = 0;            // per request arrival: a lifecycle op
   uint32_t partition_pm = 0;            // per request arrival: partition a pair
   bool recompute_on_failure = true;     // kv_load_failure_policy
+  // The P server's fast abort (docs/design.md, "The fast abort"): of the
+  // aborts that reach a P engine while its leg is open, these per mille
+  // also go straight to P's ranks, each at its own moment. Of the P legs
+  // admitted, `early_abort_pm` per mille are aborted at once, the fast
+  // abort reaching the ranks before the engine's claim does.
+  uint32_t fast_abort_pm = 0;
+  uint32_t early_abort_pm = 0;
   bool both_roles = false;              // every engine (and rank) is role "both"
   Duration fault_phase = Duration::Seconds(1);  // faults stop after this
 

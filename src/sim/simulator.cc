@@ -27,6 +27,7 @@ const char* KindName(EventKind k) {
     case EventKind::kFaultsEnd: return "faults_end";
     case EventKind::kReconnect: return "reconnect";
     case EventKind::kReadDone: return "read_done";
+    case EventKind::kRankAbort: return "rank_abort";
   }
   return "?";
 }
@@ -316,6 +317,17 @@ void Simulator::Dispatch(const Event& ev) {
       if (!s.ok()) {
         if (s.code() == StatusCode::kAlreadyExists) Hit(Mark::kDuplicateTransferRejected);
         LegEnded(ev.b, ev.a, LegOutcome::kError);
+      } else if (node.producer) {
+        c.p_admitted = true;
+        // A client that leaves right after P accepted its leg: the server's
+        // fast abort can reach the ranks before the engine's claim does.
+        if (ev.a < first_probe_ && !c.abort_sent &&
+            prng_.Chance(params_.early_abort_pm, 1000)) {
+          c.abort_sent = true;
+          for (uint32_t r = 0; r < node.tp; ++r) RankAbort(ev.a, ev.b, r);
+          SendAbort(ev.a, c.p);
+          SendAbort(ev.a, c.d);
+        }
       }
       AfterInput(ev.b);
       break;
@@ -325,9 +337,13 @@ void Simulator::Dispatch(const Event& ev) {
       break;
     case EventKind::kAbortArrive:
       if (ev.x == nodes_[ev.b].incarnation) {
+        if (nodes_[ev.b].producer) FastAbort(ev.a, ev.b);
         nodes_[ev.b].engine->AbortRequest(ev.a);
         AfterInput(ev.b);
       }
+      break;
+    case EventKind::kRankAbort:
+      if (ev.x == nodes_[ev.b].incarnation) RankAbort(ev.a, ev.b, ev.c);
       break;
     case EventKind::kEngineStep: {
       Node& node = nodes_[ev.b];
@@ -562,6 +578,38 @@ void Simulator::SendAbort(uint32_t request, uint32_t engine, Duration extra) {
   last = at;
   queue_.Push(Event{at, 0, EventKind::kAbortArrive, request, engine, 0,
                     nodes_[engine].incarnation});
+}
+
+void Simulator::FastAbort(uint32_t request, uint32_t engine) {
+  const Client& c = clients_[request];
+  if (engine != c.p || !c.p_admitted || c.p_ended) return;  // the server knows no transfer
+  if (!prng_.Chance(params_.fast_abort_pm, 1000)) return;
+  Node& node = nodes_[engine];
+  for (uint32_t r = 0; r < node.tp; ++r) {
+    if (prng_.OneIn(2)) {
+      RankAbort(request, engine, r);  // before the engine's own abort
+    } else {
+      const Duration later = Duration::Nanoseconds(static_cast<int64_t>(
+          prng_.Uniform(static_cast<uint64_t>((params_.step_time * 2).ns()) + 1)));
+      queue_.Push(Event{now_ + later, 0, EventKind::kRankAbort, request, engine, r,
+                        node.incarnation});
+    }
+  }
+}
+
+void Simulator::RankAbort(uint32_t request, uint32_t engine, uint32_t rank) {
+  const TransferId t = clients_[request].transfer;
+  RankConnector& rc = *nodes_[engine].ranks[rank];
+  Hit(Mark::kFastAbort);
+  if (const SendTable* st = rc.send_table()) {
+    if (!st->StateOf(t) && !st->HasTombstone(t)) Hit(Mark::kFastAbortBeforeClaim);
+  } else if (const LeaseTable* lt = rc.lease_table()) {
+    if (!lt->StateOf(t) && !lt->HasTombstone(t)) Hit(Mark::kFastAbortBeforeClaim);
+  }
+  ConnectorMetadata meta;
+  meta.aborts.push_back(AbortSendOp{t});
+  rc.ApplyMetadata(meta, now_);
+  DrainRank(engine, rank);
 }
 
 void Simulator::MaybeInjectFault() {

@@ -141,6 +141,7 @@ class Simulator {
     std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
     bool abort_sent = false;
     bool p_arrived = false, d_arrived = false;
+    bool p_admitted = false;   // P's engine accepted the leg (its transfer is the leg's)
     Instant p_last, d_last;   // last client→engine delivery, per leg (FIFO)
   };
   struct InFlightMessage {
@@ -188,6 +189,13 @@ class Simulator {
   void ClientAbort(uint32_t request);
   void BlocksFreedCheck(uint32_t engine);
   void SendAbort(uint32_t request, uint32_t engine, Duration extra = Duration::Zero());
+  // The P server's fast abort: an abort that reached P engine `engine`
+  // while the request's P leg is open also ends its send at each rank
+  // (runtime: EngineServer posts an AbortSendOp to every rank actor).
+  // Each rank gets it now or after a random delay of its own, so it meets
+  // the engine's own abort metadata in either order.
+  void FastAbort(uint32_t request, uint32_t engine);
+  void RankAbort(uint32_t request, uint32_t engine, uint32_t rank);
   Duration NetDelay();
   void Crash(uint32_t e);
   void MaybeInjectFault();

@@ -153,6 +153,15 @@ class ServeFixture : public ::testing::Test {
                       << "\nD: " << Describe(h.d);
   }
 
+  // P's leg on a raw socket, as request `id`: true once P's response
+  // headers came (so P accepted it and knows its id).
+  bool OpenPrefillLeg(RawHttp& leg, const Tokens& prompt, const std::string& transfer,
+                      const std::string& id) {
+    return leg.Connect(p_->http_port()) &&
+           leg.Send("POST", "/v1/completions", PrefillBody(prompt, transfer, d_->tp(), id).dump()) &&
+           leg.ReadStatus(10s) == 200;
+  }
+
   // P's leg, then D's with what P returned.
   Handoff Sequential(const Tokens& prompt, uint32_t n) {
     Handoff h;
@@ -369,10 +378,7 @@ void PdTest::AbortOnP(const std::string& policy) {
   // P's leg on a raw socket: its response headers prove P accepted "p1"
   // (and knows its id) before the abort is sent.
   RawHttp p_leg;
-  ASSERT_TRUE(p_leg.Connect(p->http_port()));
-  ASSERT_TRUE(p_leg.Send("POST", "/v1/completions",
-                         PrefillBody(prompt, transfer, d->tp(), "p1").dump()));
-  ASSERT_EQ(p_leg.ReadStatus(10s), 200) << "P did not accept the prefill leg";
+  ASSERT_TRUE(OpenPrefillLeg(p_leg, prompt, transfer, "p1")) << "P did not accept the prefill leg";
   const auto p_accepted = Clock::now();
 
   HttpReply d_reply;
@@ -432,6 +438,81 @@ TEST_P(PdTest, AbortOnPWhileDPullsFailPolicy) {
   START_PAIR(GetParam(), c);
   ASSERT_NO_FATAL_FAILURE(AbortOnP("fail"));
   ExpectBothIdle();
+}
+
+// 4b. The fast abort. P's engine models a busy GPU (--busy-steps): an input
+// that arrives during a step waits for its end, as in vLLM's engine core.
+// Each step takes 3 s. D's pull waits on the send of a prefill that has
+// just started its first step, and P gets abort_requests for it. With the
+// fast abort (the default), P's server ends the send straight at the
+// ranks, and D is answered within a fraction of the step. With
+// --no-fast-abort, the engine applies the abort only at the step's end, so
+// D waits most of the 3 s: the same test's control, showing the first can
+// fail.
+class FastAbortTest : public ServeFixture {
+ protected:
+  // Seconds from the abort's send to D's reply (D recomputes: its policy).
+  double AbortDuringBusyStep(bool fast) {
+    PairConfig c;
+    c.abort_timeout_s = 30;
+    c.p_extra = {"--busy-steps", "--step-base-us", "3000000", "--max-batch-tokens", "16"};
+    if (!fast) c.p_extra.push_back("--no-fast-abort");
+    StartPair("shm", c);
+    if (HasFatalFailure()) return -1;
+    const Tokens prompt = RandomPrompt(rng_, 64);  // four steps of 16 tokens
+    const uint32_t n = 4;
+    const std::string transfer = NewTransferId(rng_);
+    RawHttp p_leg;
+    EXPECT_TRUE(OpenPrefillLeg(p_leg, prompt, transfer, "fast-abort-p"))
+        << "P did not accept the prefill leg";
+    const auto p_accepted = Clock::now();
+    HttpReply d_reply;
+    Clock::time_point d_done;
+    std::thread d_leg([&] {
+      d_reply = d_->Post("/v1/completions",
+                         DecodeBody(prompt, n, p_->RemotePrefillParams(transfer)), 40s);
+      d_done = Clock::now();
+    });
+    const bool pulled =
+        WaitFor([&] { return HasTransfer(d_->DebugState(), "loads", transfer); }, 2s, 5ms);
+    EXPECT_TRUE(pulled) << "D never registered a load for " << transfer;
+    const auto abort_sent = Clock::now();
+    // abort_requests itself returns when the engine ran it: after the step.
+    HttpReply abort;
+    std::thread aborter([&] {
+      abort = p_->Post("/abort_requests", json{{"request_ids", {"fast-abort-p"}}}, 20s);
+    });
+    d_leg.join();
+    aborter.join();
+    const double answered_s = std::chrono::duration<double>(d_done - abort_sent).count();
+    std::printf("[info] %s: abort sent %.3f s into P's first 3 s step; D replied %.3f s "
+                "after it\n",
+                fast ? "fast abort" : "--no-fast-abort",
+                std::chrono::duration<double>(abort_sent - p_accepted).count(), answered_s);
+    EXPECT_EQ(abort.status, 200) << Describe(abort);
+    const std::string p_body = p_leg.ReadRest(10s);
+    EXPECT_NE(p_body.find(R"("finish_reason":"abort")"), std::string::npos)
+        << "P's leg did not end aborted: " << p_body;
+    const Choice choice = ChoiceOf(d_reply);
+    EXPECT_TRUE(choice.ok) << Describe(d_reply);
+    EXPECT_EQ(choice.finish_reason, "length") << Describe(d_reply);
+    EXPECT_EQ(choice.tokens, Expected(prompt, 1, n)) << Describe(d_reply);
+    const double fast_aborts = MetricSum(p_->Metrics(), "kvrelay_fast_aborts_total");
+    EXPECT_EQ(fast_aborts, fast ? 1 : 0);
+    ExpectBothIdle();
+    return answered_s;
+  }
+};
+
+TEST_F(FastAbortTest, AnswersDWithoutWaitingForTheStep) {
+  const double s = AbortDuringBusyStep(true);
+  EXPECT_GE(s, 0);
+  EXPECT_LT(s, 1.5) << "D's answer waited for P's step";
+}
+
+TEST_F(FastAbortTest, WithoutItDWaitsForTheStep) {
+  const double s = AbortDuringBusyStep(false);
+  EXPECT_GE(s, 1.5) << "the abort did not wait for the busy step: the other test proves nothing";
 }
 
 // 5. D's client goes away while D's load waits for a slow prefill: both
