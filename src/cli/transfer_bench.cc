@@ -62,6 +62,9 @@ struct AbortRow {
   std::string transport;
   uint32_t probes = 0, answered = 0;
   double p50_s = 0, p99_s = 0, max_s = 0;
+  // The part from P's admin handler starting (its `received_mono_ns`) to
+  // the answer at D: the abort minus the client's send and the HTTP hop.
+  double handler_p50_s = 0, handler_p99_s = 0;
 };
 
 // One P and one D engine (and the cluster's router, unused here), with
@@ -282,7 +285,7 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
   LoadReport report;
   std::thread loader([&] { report = RunLoad(load); });
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the load ramps up
-  std::vector<double> latency;
+  std::vector<double> latency, from_handler;
   uint32_t finished_first = 0, pulled_late = 0, lost = 0;
   httplib::Client admin(c.p_url());
   admin.set_tcp_nodelay(true);
@@ -315,7 +318,13 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
     std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(1000)));
     const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            Clock::now().time_since_epoch()).count();
-    (void)admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump(), "application/json");
+    const httplib::Result aborted =
+        admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump(), "application/json");
+    int64_t received_ns = 0;
+    if (aborted && aborted->status == 200) {
+      const json body = json::parse(aborted->body, nullptr, false);
+      if (body.is_object()) received_ns = body.value("received_mono_ns", int64_t{0});
+    }
     p_leg.join();
     d_leg.join();
     auto pulled = c.FindPull(t);
@@ -329,6 +338,10 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
         ++pulled_late;
       } else {
         latency.push_back(static_cast<double>(pulled->answered_mono_ns - t0) / 1e9);
+        if (received_ns > 0) {
+          from_handler.push_back(
+              static_cast<double>(pulled->answered_mono_ns - received_ns) / 1e9);
+        }
       }
     }
   }
@@ -336,13 +349,18 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
   c.Stop();
   AbortRow row{transport, o.abort_probes, static_cast<uint32_t>(latency.size()),
                Percentile(latency, 0.5), Percentile(latency, 0.99),
-               latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end())};
+               latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end()),
+               Percentile(from_handler, 0.5), Percentile(from_handler, 0.99)};
   rows->push_back(row);
   std::printf("  %-4s abort on P → answer at D: p50 %.2f ms, p99 %.2f ms, max %.2f ms over %u "
               "probes (%u finished before the abort, %u pulled after it, %u never answered); "
               "load: %u ok, %u clean errors, %u failed\n",
               transport.c_str(), row.p50_s * 1e3, row.p99_s * 1e3, row.max_s * 1e3, row.answered,
               finished_first, pulled_late, lost, report.ok, report.clean_errors, report.failed);
+  std::printf("  %-4s   of which P's handler start → answer at D: p50 %.2f ms, p99 %.2f ms over "
+              "%zu probes\n",
+              transport.c_str(), row.handler_p50_s * 1e3, row.handler_p99_s * 1e3,
+              from_handler.size());
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -525,7 +543,9 @@ Status RunTransferBench(const TransferBenchOptions& o) {
     json jab = json::array();
     for (const AbortRow& a : aborts) {
       jab.push_back({{"transport", a.transport}, {"probes", a.probes}, {"measured", a.answered},
-                     {"p50_s", a.p50_s}, {"p99_s", a.p99_s}, {"max_s", a.max_s}});
+                     {"p50_s", a.p50_s}, {"p99_s", a.p99_s}, {"max_s", a.max_s},
+                     {"from_handler_p50_s", a.handler_p50_s},
+                     {"from_handler_p99_s", a.handler_p99_s}});
     }
     doc["abort_to_answer"] = jab;
     if (o.json_path == "-") {

@@ -103,7 +103,11 @@ void RankActor::PostMetadata(const ConnectorMetadata& meta) {
 }
 
 bool RankActor::TryPostMetadata(const ConnectorMetadata& meta) {
-  return inbox_.TryPost([this, meta] { ApplyMetadata(meta); });
+  const Instant posted = MonoNow();
+  return inbox_.TryPost([this, meta, posted] {
+    if (sink_.posted_to_applied) sink_.posted_to_applied((MonoNow() - posted).seconds());
+    ApplyMetadata(meta);
+  });
 }
 
 void RankActor::ApplyMetadata(const ConnectorMetadata& meta) {

@@ -154,6 +154,9 @@ struct LatencySink {
       pull_answer;
   std::function<void(double seconds, bool ok)> transfer;                   // D: load
   std::function<void(double seconds)> write;                               // P
+  // P: TryPostMetadata (the server's fast abort) to applied on this rank's
+  // thread: how long the input waited for the rank.
+  std::function<void(double seconds)> posted_to_applied;
 };
 
 struct RankState {
@@ -190,6 +193,7 @@ class RankActor {
   void PostMetadata(const ConnectorMetadata& meta);
   // As PostMetadata, but false (dropped) if the inbox is full or closed:
   // for inputs that another path also delivers (the server's fast abort).
+  // The wait to its application goes to LatencySink::posted_to_applied.
   bool TryPostMetadata(const ConnectorMetadata& meta);
   // D: blocks until this rank has handshaken with every rank of producer
   // engine `engine` it pulls from (at host:port+rank), or `timeout`.

@@ -481,6 +481,7 @@ bool EngineServer::Impl::Authorized(const httplib::Request& req, httplib::Respon
 }
 
 void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& res) {
+  const Instant received = runtime::MonoNow();
   if (!Authorized(req, res)) return;
   Result<AdminCall> call = ParseAdminRequest(req.path, req.params, req.body);
   if (!call.ok()) {
@@ -516,7 +517,8 @@ void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& r
   res.set_content(json{{"ok", r.ok},
                        {"call", AdminCallName(c)},
                        {"detail", r.detail},
-                       {"latency_s", r.latency_s}}
+                       {"latency_s", r.latency_s},
+                       {"received_mono_ns", received.ns()}}
                       .dump(),
                   "application/json");
 }

@@ -73,6 +73,9 @@ ServerMetrics::ServerMetrics() {
   write_latency_ = r.AddHistogram("kvrelay_write_latency_seconds",
                                   "P: one data-plane write, start to bytes at D",
                                   TransferBuckets());
+  fast_abort_wait_ = r.AddHistogram("kvrelay_fast_abort_wait_seconds",
+                                    "P: a fast abort posted by the server to applied on a rank",
+                                    TransferBuckets());
 
   // State, read from the snapshot Render() takes.
   Snapshot* s = &snap_;
@@ -295,6 +298,7 @@ runtime::LatencySink ServerMetrics::LatencySink() {
     (ok ? transfer_latency_ok_ : transfer_latency_failed_)->ObserveSeconds(s);
   };
   sink.write = [this](double s) { write_latency_->ObserveSeconds(s); };
+  sink.posted_to_applied = [this](double s) { fast_abort_wait_->ObserveSeconds(s); };
   return sink;
 }
 

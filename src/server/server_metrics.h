@@ -73,6 +73,7 @@ class ServerMetrics {
   Histogram* transfer_latency_ok_;
   Histogram* transfer_latency_failed_;
   Histogram* write_latency_;
+  Histogram* fast_abort_wait_;
   PullLog pull_log_;
   Mutex render_mu_;
   // The registry's fns read it through a pointer taken at construction;

@@ -499,6 +499,10 @@ class FastAbortTest : public ServeFixture {
     EXPECT_EQ(choice.tokens, Expected(prompt, 1, n)) << Describe(d_reply);
     const double fast_aborts = MetricSum(p_->Metrics(), "kvrelay_fast_aborts_total");
     EXPECT_EQ(fast_aborts, fast ? 1 : 0);
+    // The rank applied it at once, not at the step's end.
+    const std::string metrics = p_->Metrics();
+    EXPECT_EQ(MetricSum(metrics, "kvrelay_fast_abort_wait_seconds_count"), fast_aborts);
+    EXPECT_LT(MetricSum(metrics, "kvrelay_fast_abort_wait_seconds_sum"), 1.0);
     ExpectBothIdle();
     return answered_s;
   }
