@@ -9,12 +9,14 @@
 #include "base/mutex.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/thread_priority.h"
 #include "server/admin_auth.h"
 #include "server/admin_call.h"
 #include "server/completion_request.h"
 #include "server/client_slots.h"
 #include "server/completion_response.h"
 #include "server/http_listen.h"
+#include "server/open_requests.h"
 #include "server/refused_handoff.h"
 #include "server/server_metrics.h"
 
@@ -113,12 +115,9 @@ uint64_t StartAdminCall(const AdminCall& call, const std::vector<uint64_t>& clie
 }  // namespace
 
 struct EngineServer::Impl {
-  Mutex ids_mu;
-  std::unordered_map<std::string, uint64_t> client_of_id GUARDED_BY(ids_mu);
-  // P: the transfer of each open P leg, by client id, from the moment the
-  // engine accepted it (so the engine's connector holds that transfer for
-  // it) until its response ends. The fast abort reads it.
-  std::unordered_map<uint64_t, TransferId> transfer_of_client GUARDED_BY(ids_mu);
+  // Open requests by id, and the open P legs' transfers (for aborts and
+  // the fast abort); registered before the engine gets them.
+  OpenRequests open_requests;
   ServerOptions options;
   std::unique_ptr<runtime::Node> node;
   ServerMetrics metrics;
@@ -365,7 +364,15 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     p->kv_out = KvTransferOut{cr.kv.transfer, eo.engine_id, options.node.advertise_host,
                               options.node.ctrl_port, eo.tp};
   }
+  std::optional<TransferId> out_transfer;
+  if (p->kv_out) out_transfer = p->kv_out->transfer;
+  open_requests.Register(p->id, p->client, out_transfer);
   Result<std::shared_ptr<runtime::RequestStream>> stream = engine().Submit(std::move(spec));
+  if (open_requests.Submitted(p->id, p->client, stream.ok())) {
+    // An abort named it while the engine was taking it: end it now.
+    if (out_transfer) FastAbort({*out_transfer});
+    engine().Abort(p->client);
+  }
   if (!stream.ok()) {
     metrics.requests_rejected->Inc();
     // A duplicate transfer_id belongs to a live load here: leave P alone.
@@ -376,11 +383,6 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   }
   p->stream = std::move(*stream);
   metrics.requests_started->Inc();
-  {
-    MutexLock lock(&ids_mu);
-    client_of_id[p->id] = p->client;
-    if (p->kv_out) transfer_of_client[p->client] = p->kv_out->transfer;
-  }
   const auto probe = options.disconnect_probe;
   const std::string model = options.model_name;
   const int64_t created = runtime::WallSeconds();
@@ -441,16 +443,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     return true;
   };
   auto releaser = [this, p](bool) {
-    std::optional<TransferId> transfer;
-    {
-      MutexLock lock(&ids_mu);
-      auto it = client_of_id.find(p->id);
-      if (it != client_of_id.end() && it->second == p->client) client_of_id.erase(it);
-      if (auto t = transfer_of_client.find(p->client); t != transfer_of_client.end()) {
-        transfer = t->second;
-        transfer_of_client.erase(t);
-      }
-    }
+    const std::optional<TransferId> transfer = open_requests.Release(p->id, p->client);
     if (!p->finished.exchange(true)) {
       // The client went away before the end: abort its request.
       metrics.client_disconnects->Inc();
@@ -490,23 +483,11 @@ void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& r
   }
   const AdminCall c = *call;
   std::vector<uint64_t> clients;
-  std::vector<TransferId> transfers;  // of the open P legs among them
   if (const auto* a = std::get_if<AbortRequestsCall>(&c)) {
-    MutexLock lock(&ids_mu);
-    if (a->all) {
-      for (const auto& [client, t] : transfer_of_client) transfers.push_back(t);
-    } else {
-      for (const std::string& id : a->request_ids) {
-        auto it = client_of_id.find(id);
-        if (it == client_of_id.end()) continue;
-        clients.push_back(it->second);
-        if (auto t = transfer_of_client.find(it->second); t != transfer_of_client.end()) {
-          transfers.push_back(t->second);
-        }
-      }
-    }
+    OpenRequests::Found found = open_requests.Abort(a->request_ids, a->all);
+    clients = std::move(found.clients);
+    FastAbort(found.transfers);  // the open P legs among them
   }
-  FastAbort(transfers);
   runtime::OpResult r = engine().RunOp(
       [c, clients](engine::Engine& e) { return StartAdminCall(c, clients, e); },
       options.op_timeout);

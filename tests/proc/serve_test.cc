@@ -1064,6 +1064,47 @@ TEST_F(AdminTest, PlainEngineUpdateWeights) {
   EXPECT_TRUE(WaitFor([&] { return e->IdleAndEmpty(); }, 10s)) << EngineSummary(*e);
 }
 
+// An abort that names a request while the engine is still taking it (its
+// handler waits in Submit for the engine loop, here busy in a 2 s step)
+// ends that request once the engine has it. The server used to learn a
+// request's id only after Submit returned, so this abort found nothing and
+// the request ran to its end (server/open_requests.h).
+TEST_F(AdminTest, AbortOfARequestBeingSubmittedIsNotLost) {
+  EngineConfig c;
+  c.name = "plain";
+  c.role = "plain";
+  c.extra = {"--busy-steps", "--step-base-us", "2000000"};
+  std::string err;
+  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  ASSERT_NE(e, nullptr) << err;
+  const Tokens prompt_a = RandomPrompt(rng_, 8), prompt_b = RandomPrompt(rng_, 8);
+  HttpReply a, b, abort;
+  std::thread first([&] { a = e->Post("/v1/completions", PlainBody(prompt_a, 1), 30s); });
+  std::this_thread::sleep_for(400ms);  // A's one 2 s step runs
+  std::thread second([&] {
+    json body = PlainBody(prompt_b, 4);
+    body["request_id"] = "being-submitted";
+    b = e->Post("/v1/completions", body, 30s);
+  });
+  std::this_thread::sleep_for(500ms);  // B's handler waits in Submit
+  const auto t0 = Clock::now();
+  abort = e->Post("/abort_requests", json{{"request_ids", {"being-submitted"}}}, 30s);
+  first.join();
+  second.join();
+  EXPECT_EQ(abort.status, 200) << Describe(abort);
+  // The abort, queued behind the step, returned after it: B was being
+  // submitted all along (else this test proves nothing).
+  EXPECT_GE(SecondsSince(t0), 0.3) << "the abort did not wait for the step";
+  const Choice ca = ChoiceOf(a), cb = ChoiceOf(b);
+  EXPECT_TRUE(ca.ok) << Describe(a);
+  EXPECT_EQ(ca.finish_reason, "length") << Describe(a);
+  EXPECT_EQ(ca.tokens, Expected(prompt_a, 1, 1)) << Describe(a);
+  EXPECT_TRUE(cb.ok) << Describe(b);
+  EXPECT_EQ(cb.finish_reason, "abort") << "the abort was lost: " << Describe(b);
+  EXPECT_LT(cb.tokens.size(), 4u) << Describe(b);
+  EXPECT_TRUE(WaitFor([&] { return e->IdleAndEmpty(); }, 10s)) << EngineSummary(*e);
+}
+
 // --- P dies ---------------------------------------------------------------------------------
 
 class PeerDeathTest : public ServeFixture {};

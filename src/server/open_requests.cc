@@ -1,0 +1,78 @@
+// open_requests.cc — see open_requests.h.
+#include "server/open_requests.h"
+
+#include "base/check.h"
+
+namespace kvrelay::server {
+
+void OpenRequests::Register(const std::string& id, uint64_t client,
+                            std::optional<TransferId> transfer) {
+  MutexLock lock(&mu_);
+  KV_CHECK(open_.insert(client).second);  // client ids are the server's, never reused
+  client_of_id_[id] = client;
+  if (transfer) transfer_of_client_[client] = *transfer;
+  submitting_.insert(client);
+}
+
+bool OpenRequests::Submitted(const std::string& id, uint64_t client, bool accepted) {
+  MutexLock lock(&mu_);
+  KV_CHECK(submitting_.erase(client) == 1);
+  const bool again = aborted_early_.erase(client) == 1;
+  if (!accepted) {
+    auto it = client_of_id_.find(id);
+    if (it != client_of_id_.end() && it->second == client) client_of_id_.erase(it);
+    transfer_of_client_.erase(client);
+    open_.erase(client);
+    return false;
+  }
+  return again;
+}
+
+OpenRequests::Found OpenRequests::Abort(const std::vector<std::string>& ids, bool all) {
+  MutexLock lock(&mu_);
+  Found found;
+  auto take = [&](uint64_t client) {
+    if (submitting_.count(client) != 0) {
+      aborted_early_.insert(client);
+      return;
+    }
+    found.clients.push_back(client);
+    if (auto t = transfer_of_client_.find(client); t != transfer_of_client_.end()) {
+      found.transfers.push_back(t->second);
+    }
+  };
+  if (all) {
+    for (uint64_t client : open_) take(client);
+  } else {
+    for (const std::string& id : ids) {
+      if (auto it = client_of_id_.find(id); it != client_of_id_.end()) take(it->second);
+    }
+  }
+  return found;
+}
+
+std::optional<TransferId> OpenRequests::Release(const std::string& id, uint64_t client) {
+  MutexLock lock(&mu_);
+  KV_CHECK(submitting_.count(client) == 0);  // the response starts after Submitted
+  auto it = client_of_id_.find(id);
+  if (it != client_of_id_.end() && it->second == client) client_of_id_.erase(it);
+  open_.erase(client);
+  std::optional<TransferId> transfer;
+  if (auto t = transfer_of_client_.find(client); t != transfer_of_client_.end()) {
+    transfer = t->second;
+    transfer_of_client_.erase(t);
+  }
+  return transfer;
+}
+
+size_t OpenRequests::open() const {
+  MutexLock lock(&mu_);
+  return open_.size();
+}
+
+size_t OpenRequests::submitting() const {
+  MutexLock lock(&mu_);
+  return submitting_.size();
+}
+
+}  // namespace kvrelay::server
