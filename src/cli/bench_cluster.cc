@@ -35,6 +35,7 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
   c.num_plain = o.plain ? 1 : 0;
   c.step_per_token_us = o.step_per_token_us;
   c.control_nice = o.control_nice;
+  c.control_slice_us = o.control_slice_us;
   c.engine_args = {"--step-base-us", std::to_string(o.step_base_us), "--max-batch-tokens",
                    std::to_string(o.max_batch_tokens), "--tcp-streams",
                    std::to_string(o.tcp_streams)};
@@ -108,7 +109,8 @@ BenchCluster::SendSeen BenchCluster::SendState(httplib::Client& cli, const Trans
   for (const json& rank : doc["ranks"]) {
     for (const json& send : rank.value("sends", json::array())) {
       if (send.value("transfer", "") == id) {
-        return SendSeen{send.value("state", ""), send.value("pull_items", 0u)};
+        return SendSeen{send.value("state", ""), send.value("pull_items", 0u),
+                        send.value("need", 0u)};
       }
     }
   }

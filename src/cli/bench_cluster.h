@@ -49,6 +49,7 @@ struct BenchClusterOptions {
   std::string ucx_tls;
   int64_t inline_write_kib = -1;      // serve's --inline-write-kib; -1: its default
   int control_nice = 0;               // serve's --control-nice; 0: not passed
+  int control_slice_us = -1;          // serve's --control-slice-us; -1: not passed
   uint32_t kv_read_threads = 1;       // serve's --kv-read-threads (every engine, plain too)
   bool plain = false;                 // also a plain engine with the same flags
   bool busy_steps = false;            // serve's --busy-steps
@@ -99,6 +100,7 @@ class BenchCluster {
   struct SendSeen {
     std::string state;
     uint32_t pull_items = 0;
+    uint32_t need = 0;  // D ranks to pull; 0 until P's engine claimed the send
   };
   SendSeen SendState(httplib::Client& cli, const TransferId& t);
 

@@ -113,6 +113,10 @@ void RegisterTransferBench(CLI::App* bench) {
                   "(0: not passed)")
       ->check(CLI::Range(-20, 0))
       ->capture_default_str();
+  cmd->add_option("--control-slice-us", o->control_slice_us,
+                  "the engines' --control-slice-us (0: the kernel's default slice; -1: not "
+                  "passed, serve's default)")
+      ->check(CLI::Range(-1, 100000));
   cmd->add_flag("--busy-steps", o->busy_steps,
                 "the engines' --busy-steps: inputs that arrive during a step wait for its "
                 "end, as in vLLM");

@@ -21,6 +21,7 @@ struct DemoOptions {
   uint32_t num_blocks = 0;
   double step_per_token_us = 20;
   int control_nice = 0;
+  int control_slice_us = -1;
 };
 
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
@@ -34,6 +35,7 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
   c.num_blocks = d.num_blocks;
   c.step_per_token_us = d.step_per_token_us;
   c.control_nice = d.control_nice;
+  c.control_slice_us = d.control_slice_us;
   c.auth_token_file = load_base.auth_token_file;  // engines and router get it too
   std::printf("kvrelay demo: 1P1D on loopback, transport %s, model shape %s, P tp %u, D tp %u, "
               "logs in %s\n",
@@ -85,6 +87,10 @@ void RegisterDemo(CLI::App& app) {
                   "passed; without CAP_SYS_NICE the engines log it and go on)")
       ->check(CLI::Range(-20, 0))
       ->capture_default_str();
+  cmd->add_option("--control-slice-us", d->control_slice_us,
+                  "the engines' --control-slice-us (0: the kernel's default slice; -1: not "
+                  "passed, serve's default)")
+      ->check(CLI::Range(-1, 100000));
   cmd->add_option("--step-per-token-us", d->step_per_token_us, "modelled compute per token")
       ->capture_default_str();
   AddLoadFlags(cmd, o.get(), controls.get(), json_path.get());

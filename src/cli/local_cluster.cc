@@ -87,6 +87,10 @@ Status LocalCluster::Start(const ClusterOptions& o) {
       a.push_back("--control-nice");
       a.push_back(std::to_string(o.control_nice));
     }
+    if (o.control_slice_us >= 0) {
+      a.push_back("--control-slice-us");
+      a.push_back(std::to_string(o.control_slice_us));
+    }
     a.insert(a.end(), o.engine_args.begin(), o.engine_args.end());
     if (!o.auth_token_file.empty()) {
       a.push_back("--auth-token-file");

@@ -27,6 +27,7 @@ struct ClusterOptions {
   uint32_t num_blocks = 0;          // 0: serve's default
   double step_per_token_us = 20;
   int control_nice = 0;             // serve's --control-nice for every engine; 0: not passed
+  int control_slice_us = -1;        // serve's --control-slice-us for every engine; -1: not passed
   std::vector<std::string> engine_args;   // extra `serve` flags for every engine
   std::string auth_token_file;            // --auth-token-file for every engine and the router
   std::vector<std::string> router_args;   // extra `router` flags

@@ -33,6 +33,7 @@ struct ServeCliOptions {
   uint32_t num_workers = 4;
   uint32_t inline_write_kib = 1024;
   int control_nice = 0;
+  int control_slice_us = 100;
   uint32_t kv_read_threads = 1;
   bool busy_steps = false;
   bool no_fast_abort = false;
@@ -116,6 +117,7 @@ int RunServe(const ServeCliOptions& o) {
   no.num_workers = o.num_workers;
   no.inline_write_bytes = uint64_t{o.inline_write_kib} * 1024;
   no.control_nice = o.control_nice;
+  no.control_slice_us = o.control_slice_us;
   no.kv_read_threads = o.kv_read_threads;
   no.busy_steps = o.busy_steps;
   so.fast_abort = !o.no_fast_abort;
@@ -230,6 +232,14 @@ void RegisterServe(CLI::App& app) {
                   "of TTFT there (docs/operations.md); below 0 needs CAP_SYS_NICE or "
                   "RLIMIT_NICE, else it is logged and not applied (0: inherited)")
       ->check(CLI::Range(-20, 0))
+      ->capture_default_str();
+  cmd->add_option("--control-slice-us", o->control_slice_us,
+                  "EEVDF time slice (µs, 100..100000) asked for the control path's threads "
+                  "(HTTP, ranks, ZeroMQ I/O): on a saturated machine an abort or an answer "
+                  "preempts bulk work when its thread wakes, with no more CPU share "
+                  "(docs/operations.md); needs Linux 6.12 or later, else it is logged and not "
+                  "applied (0: the kernel's default slice)")
+      ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   cmd->add_option("--kv-read-threads", o->kv_read_threads,
                   "threads the emulated model reads a request's KV with at each step, as a "

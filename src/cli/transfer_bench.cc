@@ -65,6 +65,13 @@ struct AbortRow {
   // The part from P's admin handler starting (its `received_mono_ns`) to
   // the answer at D: the abort minus the client's send and the HTTP hop.
   double handler_p50_s = 0, handler_p99_s = 0;
+  // Probes that measured nothing, split: the send went READY before D's
+  // pull reached P (P's part was done; no abort was sent), or the abort
+  // was sent on a WAITING send with the pull at P yet the send went READY
+  // first (a race the abort lost, ending ok up to `raced_max_s` after the
+  // abort's send; many of these would bias the percentiles low).
+  uint32_t ready_first = 0, raced = 0;
+  double raced_max_s = 0;  // the latest such end after the abort's send
 };
 
 // One P and one D engine (and the cluster's router, unused here), with
@@ -85,6 +92,7 @@ Status StartCluster(BenchCluster& c, const TransferBenchOptions& o, const std::s
   b.ucx_tls = o.ucx_tls;
   b.inline_write_kib = o.inline_write_kib;
   b.control_nice = o.control_nice;
+  b.control_slice_us = o.control_slice_us;
   b.busy_steps = o.busy_steps;
   b.fast_abort = o.fast_abort;
   if (modelled) {
@@ -286,7 +294,10 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
   std::thread loader([&] { report = RunLoad(load); });
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the load ramps up
   std::vector<double> latency, from_handler;
-  uint32_t finished_first = 0, pulled_late = 0, lost = 0;
+  uint32_t pulled_late = 0, lost = 0;
+  AbortRow row;
+  row.transport = transport;
+  row.probes = o.abort_probes;
   httplib::Client admin(c.p_url());
   admin.set_tcp_nodelay(true);
   for (uint32_t i = 0; i < o.abort_probes; ++i) {
@@ -305,15 +316,29 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
       (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()),
                    "application/json");
     });
-    // Abort once D's pull waits at P on a send still WAITING (P admitted
-    // the request, whose 900-token prefill takes four steps of 256 tokens),
-    // after a random extra 0–1 ms so the abort lands anywhere in a step; a
-    // send already READY finishes first and measures nothing.
+    // Abort once D's pull waits at P on a send still WAITING that P's
+    // engine has claimed (it admitted the request, whose 900-token prefill
+    // takes four steps of 256 tokens), after a random extra 0–1 ms so the
+    // abort lands anywhere in a step. A pull can reach P before the P leg
+    // does (an abort then would find no request), and under load D's pull
+    // can come after P's prefill is done: such a send is READY, there is
+    // nothing left to abort, and the probe only counts it.
     const auto give_up = Clock::now() + std::chrono::seconds(5);
+    bool ready_first = false;
     while (Clock::now() < give_up) {
       const BenchCluster::SendSeen seen = c.SendState(admin, t);
-      if (seen.pull_items > 0 || (!seen.state.empty() && seen.state != "WAITING")) break;
+      if (!seen.state.empty() && seen.state != "WAITING") {
+        ready_first = true;
+        break;
+      }
+      if (seen.pull_items > 0 && seen.need > 0) break;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (ready_first) {
+      ++row.ready_first;
+      p_leg.join();
+      d_leg.join();
+      continue;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(1000)));
     const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -331,7 +356,9 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
     if (!pulled.ok()) {
       ++lost;
     } else if (pulled->result == "ok") {
-      ++finished_first;
+      ++row.raced;
+      row.raced_max_s =
+          std::max(row.raced_max_s, static_cast<double>(pulled->answered_mono_ns - t0) / 1e9);
     } else {
       const double sent_ns = static_cast<double>(pulled->answered_mono_ns) - pulled->seconds * 1e9;
       if (sent_ns > static_cast<double>(t0)) {
@@ -347,16 +374,20 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
   }
   loader.join();
   c.Stop();
-  AbortRow row{transport, o.abort_probes, static_cast<uint32_t>(latency.size()),
-               Percentile(latency, 0.5), Percentile(latency, 0.99),
-               latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end()),
-               Percentile(from_handler, 0.5), Percentile(from_handler, 0.99)};
+  row.answered = static_cast<uint32_t>(latency.size());
+  row.p50_s = Percentile(latency, 0.5);
+  row.p99_s = Percentile(latency, 0.99);
+  row.max_s = latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
+  row.handler_p50_s = Percentile(from_handler, 0.5);
+  row.handler_p99_s = Percentile(from_handler, 0.99);
   rows->push_back(row);
   std::printf("  %-4s abort on P → answer at D: p50 %.2f ms, p99 %.2f ms, max %.2f ms over %u "
-              "probes (%u finished before the abort, %u pulled after it, %u never answered); "
-              "load: %u ok, %u clean errors, %u failed\n",
+              "probes (%u READY before D's pull reached P, not aborted; %u aborts lost the race "
+              "to READY and ended ok, the latest %.2f ms after the abort; %u pulled after it, "
+              "%u never answered); load: %u ok, %u clean errors, %u failed\n",
               transport.c_str(), row.p50_s * 1e3, row.p99_s * 1e3, row.max_s * 1e3, row.answered,
-              finished_first, pulled_late, lost, report.ok, report.clean_errors, report.failed);
+              row.ready_first, row.raced, row.raced_max_s * 1e3, pulled_late, lost,
+              report.ok, report.clean_errors, report.failed);
   std::printf("  %-4s   of which P's handler start → answer at D: p50 %.2f ms, p99 %.2f ms over "
               "%zu probes\n",
               transport.c_str(), row.handler_p50_s * 1e3, row.handler_p99_s * 1e3,
@@ -545,7 +576,9 @@ Status RunTransferBench(const TransferBenchOptions& o) {
       jab.push_back({{"transport", a.transport}, {"probes", a.probes}, {"measured", a.answered},
                      {"p50_s", a.p50_s}, {"p99_s", a.p99_s}, {"max_s", a.max_s},
                      {"from_handler_p50_s", a.handler_p50_s},
-                     {"from_handler_p99_s", a.handler_p99_s}});
+                     {"from_handler_p99_s", a.handler_p99_s},
+                     {"ready_first", a.ready_first}, {"raced", a.raced},
+                     {"raced_max_s", a.raced_max_s}});
     }
     doc["abort_to_answer"] = jab;
     if (o.json_path == "-") {

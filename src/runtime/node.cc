@@ -2,6 +2,8 @@
 
 #include <zmq.h>
 
+#include <thread>
+
 #include "net/write_plan.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -33,6 +35,10 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   if (options.control_nice < -20 || options.control_nice > 0) {
     return InvalidArgumentError("--control-nice must be within -20..0");
   }
+  if (options.control_slice_us != 0 &&
+      (options.control_slice_us < 100 || options.control_slice_us > 100000)) {
+    return InvalidArgumentError("--control-slice-us must be 0 or within 100..100000");
+  }
   std::unique_ptr<Node> node(new Node(options));
   node->zmq_ = zmq_ctx_new();
   int nice = options.control_nice;
@@ -41,17 +47,26 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
         "control threads keep their priority", nice);
     nice = 0;
   }
-  if (nice != 0) {
-    // ZeroMQ starts its I/O and reaper threads with a context's first
-    // socket, and a new thread inherits its creator's nice value: open and
-    // close one socket from this thread at `nice`, then come back. (Its
-    // own ZMQ_THREAD_PRIORITY option was measured to give them nice -20
-    // for a priority of 10 with libzmq 4.3.4, so it is not used.)
-    const int was = ThisThreadNice();
-    if (SetThisThreadNice(nice).ok()) {
-      if (void* s = zmq_socket(node->zmq_, ZMQ_DEALER); s != nullptr) zmq_close(s);
-      (void)SetThisThreadNice(was);  // raising a nice value needs no privilege
+  int slice_us = options.control_slice_us;
+  if (slice_us != 0) {
+    Status probe;
+    std::thread([&] { probe = SetThisThreadSliceUs(slice_us); }).join();
+    if (!probe.ok()) {
+      Log("node", "--control-slice-us %d not applied: %s", slice_us, probe.ToString().c_str());
+      slice_us = 0;
     }
+  }
+  if (nice != 0 || slice_us != 0) {
+    // ZeroMQ starts its I/O and reaper threads with a context's first
+    // socket, and a new thread inherits its creator's nice value and slice:
+    // open and close one socket from a thread set up for it. (ZeroMQ's own
+    // ZMQ_THREAD_PRIORITY was measured to give them nice -20 for a
+    // priority of 10 with libzmq 4.3.4, so it is not used.)
+    std::thread([&] {
+      if (nice != 0) (void)SetThisThreadNice(nice);  // CanSetNice said it may
+      if (slice_us != 0) (void)SetThisThreadSliceUs(slice_us);
+      if (void* s = zmq_socket(node->zmq_, ZMQ_DEALER); s != nullptr) zmq_close(s);
+    }).join();
   }
   Result<std::unique_ptr<net::Transport>> t =
       net::MakeTransport(options.transport, options.transport_options);
@@ -106,6 +121,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       ro.peer_dead_after = options.peer_dead_after;
       ro.auth_token = options.auth_token;
       ro.thread_nice = nice;
+      ro.thread_slice_us = slice_us;
       node->ranks_.push_back(std::make_unique<RankActor>(ro, node->zmq_, node->transport_.get(),
                                                          node->regions_[r].get(),
                                                          node->engine_.get(), options.latency));
@@ -122,6 +138,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   node->engine_->SetThreadNice(nice);
   node->engine_->Start();
   if (nice != 0) Log("node", "control threads (engine loop, ranks, ZeroMQ I/O) at nice %d", nice);
+  if (slice_us != 0) Log("node", "ranks and ZeroMQ I/O threads ask for a %d µs slice", slice_us);
   return node;
 }
 

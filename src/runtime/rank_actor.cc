@@ -84,6 +84,11 @@ Status RankActor::Start() {
         Log("rank", "rank %u thread keeps its priority: %s", options_.rank, s.ToString().c_str());
       }
     }
+    if (options_.thread_slice_us != 0) {
+      if (Status s = SetThisThreadSliceUs(options_.thread_slice_us); !s.ok()) {
+        Log("rank", "rank %u thread keeps its slice: %s", options_.rank, s.ToString().c_str());
+      }
+    }
     Loop();
   });
   return Status::Ok();

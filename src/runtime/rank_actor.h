@@ -109,6 +109,7 @@ struct RankActorOptions {
   Duration peer_dead_after = Duration::Seconds(10);
   int socket_hwm = 100000;             // ZeroMQ high-water mark, each way
   int thread_nice = 0;                 // the actor thread's nice value; 0: inherited
+  int thread_slice_us = 0;             // the actor thread's EEVDF slice; 0: inherited
   std::string auth_token;              // shared secret; empty: no authentication
 };
 

@@ -71,5 +71,42 @@ TEST(ThreadPriorityTest, CanSetNiceProbesOnItsOwnThread) {
   }
 }
 
+TEST(ThreadPriorityTest, SliceOutOfRangeIsRefused) {
+  EXPECT_EQ(SetThisThreadSliceUs(-1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetThisThreadSliceUs(99).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetThisThreadSliceUs(100001).code(), StatusCode::kInvalidArgument);
+}
+
+// A slice is per thread, inherited by threads started afterwards, keeps the
+// nice value, and 0 gives the default back. Node relies on the inheritance
+// for ZeroMQ's threads and EngineServer for httplib's.
+TEST(ThreadPriorityTest, SliceIsPerThreadInheritedAndKeepsNice) {
+  const int main_slice = ThisThreadSliceUs();
+  Status s;
+  int set = -1, child = -1, nice_before = 99, nice_after = 99, reset = -1;
+  std::thread t([&] {
+    ASSERT_TRUE(SetThisThreadNice(ThisThreadNice() + 2).ok());
+    nice_before = ThisThreadNice();
+    s = SetThisThreadSliceUs(250);
+    if (!s.ok()) return;
+    set = ThisThreadSliceUs();
+    nice_after = ThisThreadNice();
+    std::thread c([&] { child = ThisThreadSliceUs(); });
+    c.join();
+    ASSERT_TRUE(SetThisThreadSliceUs(0).ok());
+    reset = ThisThreadSliceUs();
+  });
+  t.join();
+  if (s.code() == StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << "this kernel keeps no per-thread slice: " << s.ToString();
+  }
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(set, 250);
+  EXPECT_EQ(child, 250);
+  EXPECT_EQ(nice_after, nice_before);
+  EXPECT_EQ(reset, main_slice);  // the default again
+  EXPECT_EQ(ThisThreadSliceUs(), main_slice);
+}
+
 }  // namespace
 }  // namespace kvrelay::runtime

@@ -182,7 +182,14 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   }
   impl->bound_port = port;
   Impl* raw = impl.get();
-  impl->http_thread = std::thread([raw] { raw->http.listen_after_bind(); });
+  const int slice_us = options.node.control_slice_us;
+  impl->http_thread = std::thread([raw, slice_us] {
+    // httplib starts its worker threads here, and they inherit the slice:
+    // an abort or a lifecycle call is taken up without waiting for a core.
+    // (Node::Start logged it if the kernel keeps no per-thread slice.)
+    if (slice_us != 0) (void)runtime::SetThisThreadSliceUs(slice_us);
+    raw->http.listen_after_bind();
+  });
   return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
 }
 
