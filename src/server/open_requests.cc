@@ -28,24 +28,27 @@ bool OpenRequests::Submitted(const std::string& id, uint64_t client, bool accept
   return again;
 }
 
+void OpenRequests::TakeLocked(uint64_t client, Found* found) {
+  if (submitting_.count(client) != 0) {
+    aborted_early_.insert(client);
+    return;
+  }
+  found->clients.push_back(client);
+  if (auto t = transfer_of_client_.find(client); t != transfer_of_client_.end()) {
+    found->transfers.push_back(t->second);
+  }
+}
+
 OpenRequests::Found OpenRequests::Abort(const std::vector<std::string>& ids, bool all) {
   MutexLock lock(&mu_);
   Found found;
-  auto take = [&](uint64_t client) {
-    if (submitting_.count(client) != 0) {
-      aborted_early_.insert(client);
-      return;
-    }
-    found.clients.push_back(client);
-    if (auto t = transfer_of_client_.find(client); t != transfer_of_client_.end()) {
-      found.transfers.push_back(t->second);
-    }
-  };
   if (all) {
-    for (uint64_t client : open_) take(client);
+    for (uint64_t client : open_) TakeLocked(client, &found);
   } else {
     for (const std::string& id : ids) {
-      if (auto it = client_of_id_.find(id); it != client_of_id_.end()) take(it->second);
+      if (auto it = client_of_id_.find(id); it != client_of_id_.end()) {
+        TakeLocked(it->second, &found);
+      }
     }
   }
   return found;

@@ -72,6 +72,10 @@ class OpenRequests {
   size_t submitting() const;   // of them, not yet Submitted
 
  private:
+  // Abort's part for one request: marks it if it is being submitted, else
+  // adds its client (and transfer) to `found`.
+  void TakeLocked(uint64_t client, Found* found) REQUIRES(mu_);
+
   mutable Mutex mu_;
   std::unordered_map<std::string, uint64_t> client_of_id_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, TransferId> transfer_of_client_ GUARDED_BY(mu_);
