@@ -68,7 +68,10 @@ class LocalCluster {
   std::vector<std::string> p_urls_, d_urls_, plain_urls_;
 };
 
-// A loopback port free now (and the `span - 1` after it, as far as bind says).
+// A loopback port free now (and the `span - 1` after it, as far as bind says),
+// chosen at random below the kernel's ephemeral range, so that no outgoing
+// connection of any process takes it before the child binds it; never the
+// same port twice in one process. 0: none found.
 uint16_t FreePort(uint32_t span = 1);
 std::string SelfPath();
 // GET url+path as JSON (short timeouts); kUnavailable on any failure.
