@@ -100,6 +100,8 @@ int main(int argc, char** argv) {
     frames.emplace_back("answer_" + std::to_string(r),
                         AnswerMsg{42, TransferId{1, 2}, static_cast<TransferResult>(r)});
   }
+  frames.emplace_back("answer_ok_first_token",
+                      AnswerMsg{42, TransferId{1, 2}, TransferResult::kOk, 1234});
   frames.emplace_back("heartbeat", HeartbeatMsg{3, 77});
   for (const auto& [name, msg] : frames) ok &= Write(root / "wire", name, EncodeWire(msg));
 

@@ -42,6 +42,7 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
   if (!o.prefix_caching) c.engine_args.push_back("--no-prefix-caching");
   if (o.busy_steps) c.engine_args.push_back("--busy-steps");
   if (!o.fast_abort) c.engine_args.push_back("--no-fast-abort");
+  if (o.compute_first_token) c.engine_args.push_back("--compute-first-token");
   if (o.inline_write_kib >= 0) {
     c.engine_args.push_back("--inline-write-kib");
     c.engine_args.push_back(std::to_string(o.inline_write_kib));

@@ -54,6 +54,7 @@ struct BenchClusterOptions {
   bool plain = false;                 // also a plain engine with the same flags
   bool busy_steps = false;            // serve's --busy-steps
   bool fast_abort = true;             // false: serve's --no-fast-abort
+  bool compute_first_token = false;   // serve's --compute-first-token
 };
 
 class BenchCluster {

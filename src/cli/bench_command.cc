@@ -147,12 +147,13 @@ void RegisterTtftBench(CLI::App* bench) {
       "bandwidth measured in the same run predicts (issue 8's end-to-end target)");
   cmd->footer(
       "Definitions. TTFT: request sent -> first streamed token, at the client, p50 over "
-      "--samples fresh random prompts per length; each prompt goes to the plain engine and "
+      "--samples fresh random prompts per length, each asking for 2 tokens (the second makes "
+      "D read every byte it loaded, so the output check covers the transfer); each prompt goes to the plain engine and "
       "through the router (alternating which first), with every engine idle before each "
       "request. difference = P/D p50 - plain p50: P's prefill runs on P as the plain engine's "
       "runs on it, so the difference is the hand-off: the router and its two legs, D's "
-      "admission and pull, the wait for P's Ready, the transfer, D's step on the loaded KV "
-      "and the relay back. bandwidth = the prompt's KV bytes / p50 of D's pull->answer time "
+      "admission and pull, the wait for P's Ready, the transfer, D's first token (P's, handed "
+      "over with the KV, or computed from the loaded KV) and the relay back. bandwidth = the prompt's KV bytes / p50 of D's pull->answer time "
       "for transfers of that very KV size pulled once P had finished (as bench transfer "
       "measures it), on the same engines in the same run. predicted transfer time = KV bytes "
       "/ bandwidth. ratio = difference / predicted; [MET] when ratio <= --target. Every P/D "
@@ -193,6 +194,9 @@ void RegisterTtftBench(CLI::App* bench) {
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS");
+  cmd->add_flag("--compute-first-token", o->compute_first_token,
+                "the engines' --compute-first-token: D computes the first token from the "
+                "loaded KV instead of emitting P's (the A/B of that hand-off)");
   cmd->add_option("--request-timeout-s", o->request_timeout_s, "a request hung longer fails")
       ->capture_default_str();
   cmd->add_option("--logs", o->logs, "folder for the engines' and router's logs")

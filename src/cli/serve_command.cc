@@ -55,6 +55,7 @@ struct ServeCliOptions {
   uint32_t max_prompt_tokens = 0;
   uint32_t max_requests_per_client = 8192;
   bool no_prefix_caching = false;
+  bool compute_first_token = false;
   net::WriteFaultOptions write_faults;  // fault drills (`kvrelay chaos`)
   std::string auth_token_file;
 };
@@ -101,6 +102,7 @@ int RunServe(const ServeCliOptions& o) {
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;
   eo.prefix_caching = !o.no_prefix_caching;
+  eo.producer_first_token = !o.compute_first_token;
   eo.step_base = Duration::Nanoseconds(static_cast<int64_t>(o.step_base_us * 1e3));
   eo.step_per_token = Duration::Nanoseconds(static_cast<int64_t>(o.step_per_token_us * 1e3));
   if (!o.auth_token_file.empty()) {
@@ -304,6 +306,10 @@ void RegisterServe(CLI::App& app) {
                   "completions at once per remote address; more get 429 (0: no limit)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "disable the prefix cache");
+  cmd->add_flag("--compute-first-token", o->compute_first_token,
+                "D: compute a loaded request's first token from the loaded KV instead of "
+                "emitting the one P handed over with it (the default saves D a step on the "
+                "loaded KV; the second token reads it either way)");
   cmd->add_option("--auth-token-file", o->auth_token_file,
                   "shared secret (a file only its owner may read, chmod 600): control-channel "
                   "peers and admin calls (/pause, ..., /debug/*) must prove it (HMAC over a "

@@ -103,7 +103,7 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kDuplicateTransferRejected, Mark::kPoolPressure,
     Mark::kPrefixHit,           Mark::kPullResent,
     Mark::kReanswered,          Mark::kFastAbort,
-    Mark::kFastAbortBeforeClaim,
+    Mark::kFastAbortBeforeClaim, Mark::kProducerToken,
     // read mode
     Mark::kLeaseExpired,        Mark::kLeaseExpiredRevoking,
     Mark::kLeaseExtended,       Mark::kRevokeSent,

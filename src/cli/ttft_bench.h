@@ -44,6 +44,7 @@ struct TtftBenchOptions {
   double target_ratio = 1.25;
   uint32_t tcp_streams = 4;
   uint32_t kv_read_threads = 2;          // every engine's --kv-read-threads (plain too)
+  bool compute_first_token = false;      // the engines' --compute-first-token
   std::string ucx_tls;
   double request_timeout_s = 120;
   std::string logs = "/tmp/kvrelay-bench-ttft";

@@ -14,6 +14,7 @@
 
 #include "base/transfer_id.h"
 #include "core/block_id.h"
+#include "core/first_token.h"
 #include "core/load_table.h"
 #include "core/request_id.h"
 
@@ -31,6 +32,7 @@ struct ReadyOp {
   TransferId transfer;
   std::vector<BlockId> blocks;
   uint64_t prompt_hash = 0;   // fingerprint of the KV in `blocks`
+  uint32_t first_token = kNoFirstToken;  // the token P computed from it
 };
 // P: the request was aborted; end its send.
 struct AbortSendOp {

@@ -68,7 +68,8 @@ void ConnectorScheduler::OnBlocksAllocated(RequestId request,
 
 bool ConnectorScheduler::RequestFinished(RequestId request,
                                          std::span<const BlockId> blocks,
-                                         bool aborted, uint64_t prompt_hash) {
+                                         bool aborted, uint64_t prompt_hash,
+                                         uint32_t first_token) {
   auto it = requests_.find(request);
   if (it == requests_.end()) return false;
   Entry& e = it->second;
@@ -83,7 +84,7 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
       e.reports = 0;
       pending_.readies.push_back(
           ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end()),
-                  prompt_hash != 0 ? prompt_hash : e.params.prompt_hash});
+                  prompt_hash != 0 ? prompt_hash : e.params.prompt_hash, first_token});
       return true;
     case Phase::kAwaitingAlloc:
       pending_.unstarted_releases.push_back(
@@ -141,8 +142,11 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
     KV_CHECK(e.phase == Phase::kLoading);
     e.load_ok = e.load_ok && done.ok;
     e.cut_short = e.cut_short || done.cut_short;
+    e.first_token = AgreeFirstToken(e.first_token, e.reports, done.first_token);
     if (++e.reports == options_.tp) {
-      out.recving_done.push_back(LoadOutcome{done.request, e.load_ok, e.cut_short});
+      const bool ok = e.load_ok && !e.cut_short;
+      out.recving_done.push_back(LoadOutcome{done.request, e.load_ok, e.cut_short,
+                                             ok ? e.first_token : kNoFirstToken});
       Erase(it);
     }
   }

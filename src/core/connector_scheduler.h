@@ -71,6 +71,9 @@ struct LoadOutcome {
   RequestId request;
   bool ok = false;
   bool cut_short = false;
+  // ok: the producer's first token, if every rank's load agreed on one
+  // (core/first_token.h); kNoFirstToken otherwise.
+  uint32_t first_token = kNoFirstToken;
 };
 
 // What became final across all ranks since the last call.
@@ -108,9 +111,11 @@ class ConnectorScheduler {
   // The request finished (aborted or not) with `blocks`. Returns true when
   // the engine must keep the blocks until OnRankReport surfaces the request
   // (sending_done or released); false when it may free them now.
-  // P: `prompt_hash` fingerprints the KV in `blocks` (0: the admission's).
+  // P: `prompt_hash` fingerprints the KV in `blocks` (0: the admission's);
+  // `first_token` is the token P computed from it, handed to D with the KV.
   bool RequestFinished(RequestId request, std::span<const BlockId> blocks,
-                       bool aborted, uint64_t prompt_hash = 0);
+                       bool aborted, uint64_t prompt_hash = 0,
+                       uint32_t first_token = kNoFirstToken);
 
   // P: an already-finished request whose KV is held is aborted
   // (abort_requests on it): end its send now.
@@ -139,6 +144,7 @@ class ConnectorScheduler {
     uint32_t reports = 0;   // ranks that reported the awaited event
     bool load_ok = true;
     bool cut_short = false;
+    uint32_t first_token = kNoFirstToken;  // what the ranks' loads agreed on
   };
 
   const ConnectorSchedulerOptions options_;

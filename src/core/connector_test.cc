@@ -302,13 +302,13 @@ struct Cluster {
   }
 
   // P's prefill finished. Returns RequestFinished's delay_free.
-  bool FinishPrefill(int k) {
+  bool FinishPrefill(int k, uint32_t first_token = kNoFirstToken) {
     PReq& p = preqs[k];
     if (p.state != PState::kRunning) {
       Fail("FinishPrefill of a request not running");
       return false;
     }
-    const bool keep = p_sched.RequestFinished(p.id, p.blocks, false);
+    const bool keep = p_sched.RequestFinished(p.id, p.blocks, false, 0, first_token);
     if (keep) {
       p.state = PState::kHeld;
     } else {
@@ -1003,6 +1003,34 @@ TEST_P(ConnectorHappyPath, LoadsOnceFreesOnceAndDrains) {
   EXPECT_EQ(c.preqs[k].sending_done, 1);
   EXPECT_EQ(c.dreqs[k].completions, 1);
   c.FinishD(k);
+  c.Step();
+  EXPECT_DRAINED(c);
+}
+
+// The first token P's engine names at Ready reaches D's engine with the
+// load's outcome, through every P rank's answers to every D rank.
+TEST_P(ConnectorHappyPath, TheProducersFirstTokenReachesTheConsumer) {
+  Cluster c(Tp(GetParam().first, GetParam().second));
+  const int k = c.NewRequest(Tid(1));
+  c.Step();
+  ASSERT_TRUE(c.FinishPrefill(k, 31337));
+  ASSERT_TRUE(c.AllocateD(k));
+  c.Step();
+  EXPECT_CLEAN(c);
+  ASSERT_TRUE(c.dreqs[k].outcome.has_value());
+  EXPECT_TRUE(c.dreqs[k].outcome->ok);
+  EXPECT_EQ(c.dreqs[k].outcome->first_token, 31337u);
+  // Without a token at Ready, none arrives.
+  const int k2 = c.NewRequest(Tid(2));
+  c.Step();
+  ASSERT_TRUE(c.FinishPrefill(k2));
+  ASSERT_TRUE(c.AllocateD(k2));
+  c.Step();
+  ASSERT_TRUE(c.dreqs[k2].outcome.has_value());
+  EXPECT_TRUE(c.dreqs[k2].outcome->ok);
+  EXPECT_EQ(c.dreqs[k2].outcome->first_token, kNoFirstToken);
+  c.FinishD(k);
+  c.FinishD(k2);
   c.Step();
   EXPECT_DRAINED(c);
 }

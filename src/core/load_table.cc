@@ -139,7 +139,7 @@ void LoadTable::SendReleases(uint32_t slot) {
 }
 
 void LoadTable::OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
-                         TransferResult result, Instant /*now*/) {
+                         TransferResult result, Instant /*now*/, uint32_t first_token) {
   ++stats_.answers;
   if (IsReleaseSeq(pull_seq)) {
     ++stats_.release_answers;
@@ -157,7 +157,7 @@ void LoadTable::OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
       ++stats_.duplicate_answers;
       return;
     }
-    Record(slot, p, result);
+    Record(slot, p, result, first_token);
     FinishIfComplete(slot);
     return;
   }
@@ -239,13 +239,17 @@ std::optional<LoadAction> LoadTable::PollAction() {
   return a;
 }
 
-void LoadTable::Record(uint32_t slot, Producer& p, TransferResult result) {
+void LoadTable::Record(uint32_t slot, Producer& p, TransferResult result,
+                       uint32_t first_token) {
   Load& load = loads_[slot];
   KV_CHECK(!p.answered);
   KV_CHECK_GT(load.unanswered, 0u);
   p.answered = true;
   p.result = result;
   --load.unanswered;
+  if (result == TransferResult::kOk) {
+    load.first_token = AgreeFirstToken(load.first_token, load.oks++, first_token);
+  }
   if (result != TransferResult::kOk && !load.failed) {
     load.failed = true;  // sticky
     load.first_error = result;
@@ -270,7 +274,8 @@ void LoadTable::FinishIfComplete(uint32_t slot) {
                     : (load.cut_short ? TransferResult::kAborted : TransferResult::kOk);
     ++(ok ? stats_.loads_ok : stats_.loads_failed);
     if (load.cut_short) ++stats_.loads_cut_short;
-    actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short, first_error});
+    actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short, first_error,
+                                ok ? load.first_token : kNoFirstToken});
   }
   giveup_.Cancel(slot);
   KV_CHECK(by_transfer_.Erase(load.transfer, LoadKeyOf{&loads_}));

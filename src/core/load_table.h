@@ -59,6 +59,7 @@
 #include "base/time.h"
 #include "base/transfer_id.h"
 #include "core/block_id.h"
+#include "core/first_token.h"
 #include "core/request_id.h"
 #include "core/timer_heap.h"
 #include "core/transfer_result.h"
@@ -94,6 +95,9 @@ struct LoadDone {
   bool ok = false;
   bool cut_short = false;        // ended by AbortAll: recompute, not abort
   TransferResult first_error = TransferResult::kOk;
+  // ok: the token every producer's answer named, or kNoFirstToken if any
+  // answer named none or they differ (core/first_token.h).
+  uint32_t first_token = kNoFirstToken;
 };
 
 // A released load's producers have all answered: its blocks may be freed.
@@ -170,7 +174,7 @@ class LoadTable {
 
   // An answer from P rank `peer`.
   void OnAnswer(PeerId peer, uint64_t pull_seq, TransferId transfer,
-                TransferResult result, Instant now);
+                TransferResult result, Instant now, uint32_t first_token = kNoFirstToken);
 
   // The connection to `peer` was re-established: messages in flight on the
   // old one may be lost. Resends every unanswered pull to it with its
@@ -218,6 +222,8 @@ class LoadTable {
     uint32_t unanswered = 0;
     bool failed = false;
     TransferResult first_error = TransferResult::kOk;
+    uint32_t oks = 0;                         // ok answers so far
+    uint32_t first_token = kNoFirstToken;     // what they agreed on
     bool released = false;
     bool cut_short = false;
     uint64_t prompt_hash = 0;
@@ -227,7 +233,8 @@ class LoadTable {
     uint32_t next_free = kNil;
   };
 
-  void Record(uint32_t slot, Producer& p, TransferResult result);
+  void Record(uint32_t slot, Producer& p, TransferResult result,
+              uint32_t first_token = kNoFirstToken);
   void SendReleases(uint32_t slot);
   void FinishIfComplete(uint32_t slot);
   uint64_t NextSeq(bool release) {

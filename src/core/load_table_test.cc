@@ -531,6 +531,47 @@ TEST(LoadTableTest, StrayAnswersAreCountedAndDropped) {
   EXPECT_EQ(h.total.completions(), 1u);
 }
 
+// D uses P's first token only if every producer's ok answer named the
+// same one; a failed load names none whatever its answers said.
+TEST(LoadTableTest, FirstTokenOnlyWhenEveryProducerNamedTheSame) {
+  struct Case {
+    std::vector<uint32_t> tokens;  // one per producer, answered in order, all ok
+    uint32_t want;
+  };
+  const uint32_t kNone = kNoFirstToken;
+  const std::vector<Case> cases = {
+      {{5}, 5},          {{5, 5}, 5},          {{5, 6}, kNone},      {{kNone, 5}, kNone},
+      {{5, kNone}, kNone}, {{5, 6, 5}, kNone}, {{kNone, kNone}, kNone}, {{5, 5, 5, 5}, 5},
+  };
+  uint32_t n = 0;
+  for (const Case& c : cases) {
+    ++n;
+    Harness h;
+    const std::vector<PeerId> producers = Producers(static_cast<uint32_t>(c.tokens.size()));
+    const std::vector<SendPull> pulls = StartLoad(h, Rid(n), Tid(n), producers);
+    ASSERT_EQ(pulls.size(), c.tokens.size());
+    for (size_t i = 0; i < pulls.size(); ++i) {
+      h.table.OnAnswer(pulls[i].peer, pulls[i].pull_seq, pulls[i].transfer,
+                       TransferResult::kOk, h.now, c.tokens[i]);
+    }
+    Batch b = h.Drain();
+    ASSERT_EQ(b.done.size(), 1u) << "case " << n;
+    EXPECT_TRUE(b.done[0].ok) << "case " << n;
+    EXPECT_EQ(b.done[0].first_token, c.want) << "case " << n;
+  }
+  // Two producers name the same token, one fails: no token on a failed load.
+  Harness h;
+  const std::vector<SendPull> pulls = StartLoad(h, Rid(99), Tid(99), Producers(2));
+  h.table.OnAnswer(pulls[0].peer, pulls[0].pull_seq, pulls[0].transfer,
+                   TransferResult::kOk, h.now, 5);
+  h.table.OnAnswer(pulls[1].peer, pulls[1].pull_seq, pulls[1].transfer,
+                   TransferResult::kWriteFailed, h.now);
+  Batch b = h.Drain();
+  ASSERT_EQ(b.done.size(), 1u);
+  EXPECT_FALSE(b.done[0].ok);
+  EXPECT_EQ(b.done[0].first_token, kNone);
+}
+
 TEST(LoadTableTest, AnswerForOldLoadOfSameTransferIsMismatched) {
   // The transfer is loaded again (e.g. a retry) after the first load ended:
   // answers to the first load's pulls must not count for the second.

@@ -12,6 +12,7 @@
 
 #include "base/transfer_id.h"
 #include "core/block_id.h"
+#include "core/first_token.h"
 #include "core/lease_table.h"
 #include "core/send_table.h"
 #include "core/transfer_result.h"
@@ -30,6 +31,7 @@ struct AnswerMsg {
   uint64_t pull_seq = 0;
   TransferId transfer;
   TransferResult result = TransferResult::kOk;
+  uint32_t first_token = kNoFirstToken;  // kOk only (core/first_token.h)
   bool operator==(const AnswerMsg&) const = default;
 };
 

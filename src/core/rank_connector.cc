@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 
 #include "base/check.h"
 #include "core/tp_mapping.h"
@@ -88,7 +89,13 @@ void RankConnector::ApplyProducer(Table& table, const ConnectorMetadata& meta, I
     }
   }
   for (const ReadyOp& op : meta.readies) {
-    if (!table.Ready(op.transfer, op.blocks, now, op.prompt_hash).ok()) {
+    Status ready;
+    if constexpr (std::is_same_v<Table, SendTable>) {
+      ready = table.Ready(op.transfer, op.blocks, now, op.prompt_hash, op.first_token);
+    } else {
+      ready = table.Ready(op.transfer, op.blocks, now, op.prompt_hash);  // read mode: no token
+    }
+    if (!ready.ok()) {
       // The send ended first (D released it, a deadline passed): nothing
       // holds the blocks on this rank.
       ++stats_.ready_refused;
@@ -159,7 +166,8 @@ void RankConnector::OnMessage(PeerId from, const PeerMessage& msg, Instant now) 
     send_->Pull(from, pull->pull_seq, pull->items, now);
   } else if (const auto* answer = std::get_if<AnswerMsg>(&msg)) {
     if (!load_) return void(++stats_.messages_wrong_mode);
-    load_->OnAnswer(from, answer->pull_seq, answer->transfer, answer->result, now);
+    load_->OnAnswer(from, answer->pull_seq, answer->transfer, answer->result, now,
+                    answer->first_token);
   } else if (const auto* hb = std::get_if<LeaseMsg>(&msg)) {
     if (!lease_) return void(++stats_.messages_wrong_mode);
     lease_->Heartbeat(from, hb->seq, hb->transfer, hb->prompt_hash, now);
@@ -245,8 +253,8 @@ void RankConnector::Pump() {
   if (send_) {
     while (auto a = send_->PollAction()) {
       if (auto* answer = std::get_if<AnswerPull>(&*a)) {
-        actions_.push_back(OutMessage{
-            answer->peer, AnswerMsg{answer->pull_seq, answer->transfer, answer->result}});
+        actions_.push_back(OutMessage{answer->peer, AnswerMsg{answer->pull_seq, answer->transfer,
+                                                              answer->result, answer->first_token}});
       } else if (auto* write = std::get_if<StartWrite>(&*a)) {
         actions_.push_back(std::move(*write));
       } else {

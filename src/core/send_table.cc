@@ -83,7 +83,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
 }
 
 Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
-                        Instant now, uint64_t prompt_hash) {
+                        Instant now, uint64_t prompt_hash, uint32_t first_token) {
   PruneTombstones(now);
   if (blocks.empty()) {
     return InvalidArgumentError("Ready with no blocks for transfer " +
@@ -131,6 +131,7 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
   send.holds_blocks = true;
   send.blocks = std::move(blocks);
   if (prompt_hash != 0) send.prompt_hash = prompt_hash;
+  send.first_token = first_token;
   // Expiry counts from when P is done, not from the claim.
   expiry_.Arm(s, now + options_.abort_timeout);
   // Pulls that waited for the prefill now wait for a sender, in arrival
@@ -554,7 +555,9 @@ uint32_t SendTable::NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
 void SendTable::AnswerItem(uint32_t i, TransferResult result) {
   Item& item = items_[i];
   KV_CHECK(item.state != ItemState::kFree);
-  Answer(item.peer, item.pull_seq, sends_[item.send].transfer, result);
+  const Send& send = sends_[item.send];
+  Answer(item.peer, item.pull_seq, send.transfer, result,
+         result == TransferResult::kOk ? send.first_token : kNoFirstToken);
   FreeItem(i);
 }
 
@@ -576,9 +579,9 @@ void SendTable::FreeItem(uint32_t i) {
 }
 
 void SendTable::Answer(PeerId peer, uint64_t seq, TransferId t,
-                       TransferResult r) {
+                       TransferResult r, uint32_t first_token) {
   ++stats_.answers[static_cast<int>(r)];
-  actions_.push_back(AnswerPull{peer, seq, t, r});
+  actions_.push_back(AnswerPull{peer, seq, t, r, first_token});
   // Remember it, so a resent pull gets the same answer.
   // The oldest goes before the new one comes in, as for tombstones, so the
   // map never holds bound + 1 entries (which would double its capacity).

@@ -85,6 +85,7 @@
 #include "base/flat_map.h"
 #include "base/slot_index.h"
 #include "base/status.h"
+#include "core/first_token.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
 #include "base/typed_id.h"
@@ -145,6 +146,8 @@ struct AnswerPull {
   uint64_t pull_seq = 0;
   TransferId transfer;
   TransferResult result = TransferResult::kOk;
+  // kOk from a live send: the first token its Ready() named (core/first_token.h).
+  uint32_t first_token = kNoFirstToken;
 };
 
 // Copy P's `src` blocks into D's `dst` blocks (same count, in order), then
@@ -246,9 +249,10 @@ class SendTable {
   // `prompt_hash` differs from the claim's (the KV was computed under other
   // weights than claimed: the send ends, kRejected) — the engine frees at
   // once; kFailedPrecondition if it was never claimed;
-  // kInvalidArgument if `blocks` is empty.
+  // kInvalidArgument if `blocks` is empty. `first_token` (kNoFirstToken:
+  // none) is the token P computed from this KV; every ok answer carries it.
   Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now,
-               uint64_t prompt_hash = 0);
+               uint64_t prompt_hash = 0, uint32_t first_token = kNoFirstToken);
 
   // P aborts the request (before scheduling, while running or after ready).
   // An unknown transfer gets a tombstone so a later pull fails fast.
@@ -331,6 +335,7 @@ class SendTable {
     uint32_t need = 0;
     uint32_t pulled = 0;
     uint64_t prompt_hash = 0;    // set by Claim
+    uint32_t first_token = kNoFirstToken;  // set by Ready
     uint32_t consumer = kAnyConsumerEngine;  // the D engine bound to it
     uint32_t writes_in_flight = 0;
     std::vector<BlockId> blocks;
@@ -359,7 +364,8 @@ class SendTable {
   }
   void AnswerItem(uint32_t i, TransferResult result);
   void FreeItem(uint32_t i);
-  void Answer(PeerId peer, uint64_t seq, TransferId t, TransferResult r);
+  void Answer(PeerId peer, uint64_t seq, TransferId t, TransferResult r,
+              uint32_t first_token = kNoFirstToken);
   void AddTombstone(TransferId transfer, TransferResult reason, Instant now);
   void PruneTombstones(Instant now);
   static uint64_t ItemKey(PeerId peer, uint64_t seq, TransferId t);

@@ -1070,20 +1070,24 @@ TEST(SendTableTest, CaseTableCoversTheSeed) {
 // grows for one entry past the bound (CheckInvariants checks its capacity).
 // A resent pull still inside the memory gets its answer again; one dropped
 // from it is not.
+// Runs every write the table starts (each succeeds if `write_ok`) and
+// returns the answers, in order.
+std::vector<AnswerPull> DrainAnswers(SendTable& table, Instant now, bool write_ok = true) {
+  std::vector<AnswerPull> answers;
+  while (auto a = table.PollAction()) {
+    if (auto* w = std::get_if<StartWrite>(&*a)) table.WriteDone(w->write, write_ok, now);
+    if (auto* p = std::get_if<AnswerPull>(&*a)) answers.push_back(*p);
+  }
+  return answers;
+}
+
 TEST(SendTableTest, RememberedAnswersStayWithinTheirBound) {
   SendTableOptions o = Opts();
   o.max_tombstones = 16;
   SendTable table(o);
   const Instant now = Instant::Epoch();
   const std::vector<BlockId> blocks = {BlockId{1, 1}};
-  auto drain = [&] {
-    std::vector<AnswerPull> answers;
-    while (auto a = table.PollAction()) {
-      if (auto* w = std::get_if<StartWrite>(&*a)) table.WriteDone(w->write, true, now);
-      if (auto* p = std::get_if<AnswerPull>(&*a)) answers.push_back(*p);
-    }
-    return answers;
-  };
+  auto drain = [&] { return DrainAnswers(table, now); };
   std::vector<PullItem> pull(1);
   pull[0].dst = {BlockId{9, 1}};
   for (uint64_t k = 1; k <= 40; ++k) {
@@ -1113,6 +1117,51 @@ TEST(SendTableTest, RememberedAnswersStayWithinTheirBound) {
   EXPECT_TRUE(drain().empty());
   EXPECT_EQ(table.stats().reanswered, 16u);
   EXPECT_EQ(table.live_sends(), 1u);
+  table.CheckInvariants();
+}
+
+// The token Ready() names rides every ok answer of a live send — one pulled
+// before Ready and one after — and no failed one; a repeated answer does
+// not know it (D then computes the token itself).
+TEST(SendTableTest, OkAnswersCarryTheFirstTokenReadyNamed) {
+  SendTable table(Opts());
+  const Instant now = Instant::Epoch();
+  // Pulls `t` as `peer` (pull seq = t's number) and expects one answer.
+  auto pull = [&](PeerId peer, uint64_t t, bool write_ok = true) {
+    std::vector<PullItem> items(1);
+    items[0].transfer = Tid(t);
+    items[0].dst = {BlockId{9, 1}};
+    table.Pull(peer, t, items, now);
+    std::vector<AnswerPull> a = DrainAnswers(table, now, write_ok);
+    EXPECT_EQ(a.size(), 1u);
+    return a.empty() ? AnswerPull{} : a[0];
+  };
+  auto expect = [](const AnswerPull& a, TransferResult result, uint32_t token) {
+    EXPECT_EQ(a.result, result);
+    EXPECT_EQ(a.first_token, token);
+  };
+  // Two consumers: one pulls before Ready, one after.
+  ASSERT_TRUE(table.Claim(Tid(1), 2, now).ok());
+  std::vector<PullItem> early(1);
+  early[0].transfer = Tid(1);
+  early[0].dst = {BlockId{9, 1}};
+  table.Pull(P1, 1, early, now);
+  EXPECT_TRUE(DrainAnswers(table, now).empty());
+  ASSERT_TRUE(table.Ready(Tid(1), {BlockId{1, 1}}, now, 0, 4242).ok());
+  std::vector<AnswerPull> a = DrainAnswers(table, now);
+  ASSERT_EQ(a.size(), 1u);
+  expect(a[0], TransferResult::kOk, 4242);
+  expect(pull(P2, 1), TransferResult::kOk, 4242);
+  // Remembered and repeated: ok, without the token.
+  expect(pull(P1, 1), TransferResult::kOk, kNoFirstToken);
+  // A write that fails is answered without it.
+  ASSERT_TRUE(table.Claim(Tid(2), 1, now).ok());
+  ASSERT_TRUE(table.Ready(Tid(2), {BlockId{2, 1}}, now, 0, 77).ok());
+  expect(pull(P1, 2, /*write_ok=*/false), TransferResult::kWriteFailed, kNoFirstToken);
+  // Ready without a token: ok answers carry none.
+  ASSERT_TRUE(table.Claim(Tid(3), 1, now).ok());
+  ASSERT_TRUE(table.Ready(Tid(3), {BlockId{3, 1}}, now).ok());
+  expect(pull(P1, 3), TransferResult::kOk, kNoFirstToken);
   table.CheckInvariants();
 }
 

@@ -119,6 +119,7 @@ void EncodePayload(Writer& w, const AnswerMsg& m) {
   w.U64(m.pull_seq);
   PutTransfer(w, m.transfer);
   w.U8(static_cast<uint8_t>(m.result));
+  w.U32(m.first_token);
 }
 void EncodePayload(Writer& w, const HeartbeatMsg& m) {
   w.U32(m.incarnation);
@@ -237,11 +238,16 @@ Result<WireMessage> DecodeAnswer(Reader& r) {
   m.pull_seq = r.U64();
   m.transfer = GetTransfer(r);
   const uint8_t result = r.U8();
+  m.first_token = r.U32();
   if (r.bad()) return Truncated("answer");
   if (result >= kTransferResultCount) {
     return InvalidArgumentError("answer result " + std::to_string(result) + " unknown");
   }
   m.result = static_cast<TransferResult>(result);
+  if (m.result != TransferResult::kOk && m.first_token != kNoFirstToken) {
+    return InvalidArgumentError("answer: a first token on a " +
+                                std::string(TransferResultName(m.result)) + " answer");
+  }
   return WireMessage(m);
 }
 

@@ -9,7 +9,8 @@
 // Frame (little-endian):
 //   u32 magic 'KVRL' | u16 version | u16 type | u32 payload_bytes | payload
 // Types: 1 handshake, 2 pull, 3 answer, 4 heartbeat. Version 2 added the
-// handshake's nonce, echo and mac (64 bytes). A decoder accepts only
+// handshake's nonce, echo and mac (64 bytes); version 3 the answer's first
+// token (core/first_token.h). A decoder accepts only
 // its own version; every count and length is checked against WireLimits
 // before anything is read or allocated; trailing bytes are an error.
 //
@@ -31,7 +32,7 @@
 namespace kvrelay {
 
 inline constexpr uint32_t kWireMagic = 0x4C52564B;  // "KVRL" in memory order
-inline constexpr uint16_t kWireVersion = 2;  // 2: handshake carries auth
+inline constexpr uint16_t kWireVersion = 3;  // 2: handshake auth; 3: answer's first token
 inline constexpr size_t kWireHeaderBytes = 12;
 
 enum class WireType : uint16_t {

@@ -46,6 +46,7 @@ std::vector<WireMessage> Samples() {
   return {SampleHandshake(),
           SamplePull(),
           AnswerMsg{42, TransferId{1, 2}, TransferResult::kDeadline},
+          AnswerMsg{43, TransferId{1, 2}, TransferResult::kOk, 1234},
           HeartbeatMsg{3, 77},
           LeaseMsg{9, TransferId{1, 2}, 0x1234},
           GrantMsg{9, TransferId{1, 2}, LeaseAnswer::kGranted, TransferResult::kOk,
@@ -115,8 +116,26 @@ TEST(WireTest, ErrorsSayWhatIsWrong) {
   EXPECT_EQ(DecodeWire(frame, small).status().code(), StatusCode::kOutOfRange);
   AnswerMsg a{1, TransferId{1, 1}, TransferResult::kOk};
   std::vector<uint8_t> bad_result = EncodeWire(a);
-  bad_result.back() = kTransferResultCount;
+  bad_result[bad_result.size() - 5] = kTransferResultCount;  // result, then a u32 token
   EXPECT_FALSE(DecodeWire(bad_result, {}).ok());
+}
+
+// Only an ok answer names the producer's first token: a failed transfer
+// has no KV at D to go with it.
+TEST(WireTest, AFirstTokenOnlyRidesAnOkAnswer) {
+  Result<WireMessage> ok = DecodeWire(
+      EncodeWire(AnswerMsg{1, TransferId{1, 1}, TransferResult::kOk, 7}), {});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(std::get<AnswerMsg>(*ok).first_token, 7u);
+  Result<WireMessage> none = DecodeWire(EncodeWire(AnswerMsg{1, TransferId{1, 1}}), {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(std::get<AnswerMsg>(*none).first_token, kNoFirstToken);
+  Result<WireMessage> bad = DecodeWire(
+      EncodeWire(AnswerMsg{1, TransferId{1, 1}, TransferResult::kAborted, 7}), {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("first token"), std::string::npos)
+      << bad.status().ToString();
 }
 
 // Every limit refusal says which WireLimits field it is over, so the rank

@@ -141,8 +141,11 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
   actions_.push_back(RequestDone{client, reason, error});
   // The KV was computed under the current weights: that is what D must
   // expect (a weight update since admission changes the fingerprint).
+  // P emitted exactly one token, computed from that KV: D gets it with the KV.
+  const uint32_t first_token = r.generated == 1 ? r.seq.back() : kNoFirstToken;
   if (reason == FinishReason::kLength && r.remote_decode &&
-      connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false, Fingerprint(r))) {
+      connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false, Fingerprint(r),
+                                 first_token)) {
     r.phase = Phase::kHeld;
     return;
   }
@@ -170,6 +173,7 @@ void Engine::DropKv(Request& r) {
   FreeBlocks(r);
   r.computed = 0;
   r.remote_prefill = false;  // what it had loaded is gone: compute locally
+  r.producer_token = kNoFirstToken;
   if (r.phase != Phase::kWaiting) Requeue(r.client);
   r.phase = Phase::kWaiting;
 }
@@ -204,6 +208,9 @@ void Engine::ApplyFinished(const EngineFinished& f) {
     r->remote_prefill = false;
     if (done.ok && !resetting_) {
       r->computed = r->prompt_len;
+      // A token outside the vocabulary is no token: D computes its own.
+      r->producer_token =
+          done.first_token < options_.shape.vocab ? done.first_token : kNoFirstToken;
       r->phase = Phase::kRunning;
       running_.push_back(r->client);
       continue;
@@ -237,6 +244,7 @@ EngineSnapshot Engine::Snapshot() const {
   s.state = state_;
   s.sleeping = IsSleeping();
   s.weights_version = weights_;
+  s.producer_tokens = stats_.producer_tokens;
   for (const auto& [c, r] : requests_) {
     switch (r.phase) {
       case Phase::kWaiting: ++s.waiting; break;

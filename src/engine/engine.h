@@ -52,6 +52,7 @@
 #include "base/time.h"
 #include "core/block_pool.h"
 #include "core/connector_scheduler.h"
+#include "core/first_token.h"
 #include "engine/kv_memory.h"
 #include "engine/model.h"
 
@@ -76,6 +77,9 @@ struct EngineOptions {
   LoadFailurePolicy load_failure_policy = LoadFailurePolicy::kRecompute;
   uint64_t weights_version = 1;
   bool prefix_caching = true;
+  // D: emit the first token P handed over with the KV, without a step on
+  // it (core/first_token.h); false: compute it from the loaded KV.
+  bool producer_first_token = true;
   Duration step_base = Duration::Microseconds(500);
   Duration step_per_token = Duration::Microseconds(20);
 };
@@ -115,6 +119,7 @@ struct EngineSnapshot {
   size_t waiting = 0, running = 0, loading = 0, held = 0, releasing = 0;
   size_t blocks_used = 0, blocks_free = 0, blocks_cached = 0;
   size_t pending_ops = 0;
+  uint64_t producer_tokens = 0;  // D: first tokens emitted as P computed them
 };
 
 class Engine {
@@ -185,6 +190,10 @@ class Engine {
     KvTransferParams kv;
     bool remote_prefill = false;   // D: still to load from P
     bool remote_decode = false;    // P: hand over after the first token
+    // D: the first token P computed from the KV this request loaded, to be
+    // emitted without a step on it (core/first_token.h); kNoFirstToken once
+    // that KV is gone or when there is none.
+    Token producer_token = kNoFirstToken;
     Phase phase = Phase::kWaiting;
   };
 
@@ -224,6 +233,7 @@ class Engine {
   void AllocateRun(Request& r, uint32_t n, TransferId owner);
   void WriteKv(Request& r, uint32_t upto);
   Token Generate(Request& r);
+  Token NextTokenOf(Request& r);  // the producer's token, or Generate
   bool PreemptNewerThan(const Request& self);
   bool SchedulingAllowed() const;
   // lifecycle (lifecycle.cc)
@@ -261,6 +271,7 @@ class Engine {
     uint64_t loads_recomputed = 0;
     uint64_t loads_failed = 0;
     uint64_t prefix_hits = 0;
+    uint64_t producer_tokens = 0;  // D: first tokens emitted as P computed them
   } stats_;
 
  public:

@@ -163,15 +163,18 @@ class Harness {
       } else if (const auto* o = std::get_if<OpDone>(&*a)) {
         op_dones[o->op].push_back(*o);
         op_order.push_back(o->op);
-      } else if (std::get_if<MetadataOut>(&*a) != nullptr) {
+      } else if (const auto* m = std::get_if<MetadataOut>(&*a)) {
         ++metadata_outs;
+        metas.push_back(m->meta);
       }
     }
   }
 
   Duration Step() {
     step_tokens.clear();
-    const Duration d = engine_->Step({}, now);
+    std::vector<RankReport> reports;
+    std::swap(reports, next_reports);
+    const Duration d = engine_->Step(reports, now);
     engine_->CheckInvariants();
     const BlockPool& pool = engine_->pool();
     EXPECT_EQ(pool.num_free() + pool.num_referenced() + pool.num_cached_idle(),
@@ -258,6 +261,8 @@ class Harness {
   Instant now = Instant::Epoch();
   uint64_t steps = 0;
   uint64_t metadata_outs = 0;
+  std::vector<ConnectorMetadata> metas;   // every MetadataOut, in order
+  std::vector<RankReport> next_reports;   // what the next Step() gets
   std::map<uint64_t, Client> clients;
   std::map<uint64_t, std::vector<OpDone>> op_dones;
   std::vector<uint64_t> op_order;
@@ -660,6 +665,156 @@ TEST(EngineTest, AbortRequestWhileWaitingAndRunning) {
   EXPECT_TRUE(h.clients[2].tokens.empty());
   EXPECT_EQ(h.clients[1].tokens.size(), 3u);
   EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// D: the first token P handed over with the KV (core/first_token.h).
+
+// Plays P and the data plane for one consumer request: admits it, writes
+// the prompt's KV into its load's destination blocks (optionally with one
+// block wrong), and ends the load with `first_token`.
+struct LoadedRequest {
+  uint64_t reads_before_token = 0;  // the memory's reads when the load ended
+};
+LoadedRequest LoadOnD(Harness& h, uint64_t client, const std::vector<Token>& prompt,
+                      uint32_t max_tokens, bool ok, uint32_t first_token,
+                      bool corrupt = false) {
+  RequestSpec spec;
+  spec.client = client;
+  spec.prompt = prompt;
+  spec.max_tokens = max_tokens;
+  spec.kv.do_remote_prefill = true;
+  spec.kv.transfer = TransferId{9, client};
+  spec.kv.remote_engine = 1;
+  EXPECT_TRUE(h.engine().AddRequest(spec, h.now).ok());
+  h.clients[client].prompt = prompt;
+  h.clients[client].max_tokens = max_tokens;
+  h.metas.clear();
+  h.Step();
+  const LoadOp* load = nullptr;
+  for (const ConnectorMetadata& m : h.metas) {
+    if (!m.loads.empty()) load = &m.loads[0];
+  }
+  EXPECT_NE(load, nullptr);
+  if (load == nullptr) return {};
+  const uint32_t bs = h.shape().block_tokens;
+  for (uint32_t i = 0; i < load->dst.size(); ++i) {
+    for (uint32_t g = 0; g < kHeadGroups; ++g) {
+      const uint64_t digest = BlockDigest(1, prompt, bs, i, g);
+      h.mem.Write(load->dst[i], g, corrupt && i == 0 && g == 0 ? digest ^ 1 : digest);
+    }
+  }
+  RankReport r;
+  r.finished_recving.push_back(
+      LoadDone{load->request, load->transfer, ok, false,
+               ok ? TransferResult::kOk : TransferResult::kWriteFailed, first_token});
+  h.next_reports.push_back(std::move(r));
+  return LoadedRequest{h.mem.reads};
+}
+
+EngineOptions ConsumerOptions() {
+  EngineOptions o = PlainOptions();
+  o.role = Role::kConsumer;
+  return o;
+}
+
+TEST(EngineProducerTokenTest, DEmitsPsTokenWithoutAStepOnTheLoadedKv) {
+  Harness h(ConsumerOptions());
+  const std::vector<Token> prompt = MakePrompt(5, 30);
+  const Token first = Reference(prompt, 1, 1, h.shape())[0];
+  const LoadedRequest l = LoadOnD(h, 1, prompt, 4, true, first);
+  h.Step();  // applies the load's end and emits the first token
+  ASSERT_EQ(h.clients[1].tokens.size(), 1u);
+  EXPECT_EQ(h.mem.reads, l.reads_before_token) << "the first token read no KV";
+  EXPECT_EQ(h.engine().stats().producer_tokens, 1u);
+  ASSERT_TRUE(h.RunToIdle());
+  EXPECT_GT(h.mem.reads, l.reads_before_token) << "later tokens read the loaded KV";
+  h.ExpectReference(1, 1);
+  EXPECT_EQ(h.mem.bad_reads, 0u);
+  EXPECT_EQ(h.mem.bad_writes, 0u);
+  EXPECT_EQ(h.mem.bad_frees, 0u);
+  EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+}
+
+// The loaded KV is still checked: a wrong byte shows from the second token on.
+TEST(EngineProducerTokenTest, WrongLoadedKvStillChangesTheOutput) {
+  Harness h(ConsumerOptions());
+  const std::vector<Token> prompt = MakePrompt(6, 30);
+  const std::vector<Token> want = Reference(prompt, 1, 4, h.shape());
+  LoadOnD(h, 1, prompt, 4, true, want[0], /*corrupt=*/true);
+  ASSERT_TRUE(h.RunToIdle());
+  const std::vector<Token> got = Tokens(h.clients[1].tokens);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_NE(got, want);
+  EXPECT_NE(CheckOutput(prompt, h.clients[1].tokens, h.shape()), "");
+}
+
+// Where the token is not used, D computes it from the loaded KV as before:
+// a request for one token, a token outside the vocabulary, no token, and a
+// failed load that recomputes.
+TEST(EngineProducerTokenTest, DComputesTheTokenItselfOtherwise) {
+  struct Case {
+    const char* name;
+    uint32_t max_tokens;
+    bool ok;
+    bool reference_token;    // hand over the right token (else `token`)
+    uint32_t token;
+  };
+  for (const Case& c : {Case{"one token wanted", 1, true, true, 0},
+                        Case{"out of vocabulary", 4, true, false, 32000},
+                        Case{"none", 4, true, false, kNoFirstToken},
+                        Case{"failed load", 4, false, true, 0}}) {
+    SCOPED_TRACE(c.name);
+    Harness h(ConsumerOptions());
+    const std::vector<Token> prompt = MakePrompt(7, 30);
+    const uint32_t token = c.reference_token ? Reference(prompt, 1, 1, h.shape())[0] : c.token;
+    const LoadedRequest l = LoadOnD(h, 1, prompt, c.max_tokens, c.ok, token);
+    ASSERT_TRUE(h.StepUntil([&] { return !h.clients[1].tokens.empty(); }));
+    EXPECT_GT(h.mem.reads, l.reads_before_token) << "the first token read the KV";
+    ASSERT_TRUE(h.RunToIdle());
+    h.ExpectReference(1, 1);
+    EXPECT_EQ(h.engine().stats().producer_tokens, 0u);
+    EXPECT_EQ(h.engine().stats().loads_recomputed, c.ok ? 0u : 1u);
+  }
+}
+
+// --compute-first-token: D ignores the token and computes it.
+TEST(EngineProducerTokenTest, TheOptionOffComputesTheToken) {
+  EngineOptions o = ConsumerOptions();
+  o.producer_first_token = false;
+  Harness h(o);
+  const std::vector<Token> prompt = MakePrompt(9, 30);
+  const LoadedRequest l = LoadOnD(h, 1, prompt, 4, true, Reference(prompt, 1, 1, h.shape())[0]);
+  ASSERT_TRUE(h.StepUntil([&] { return !h.clients[1].tokens.empty(); }));
+  EXPECT_GT(h.mem.reads, l.reads_before_token);
+  ASSERT_TRUE(h.RunToIdle());
+  h.ExpectReference(1, 1);
+  EXPECT_EQ(h.engine().stats().producer_tokens, 0u);
+}
+
+// P names the token it emitted when it hands the KV over.
+TEST(EngineProducerTokenTest, PNamesItsFirstTokenAtReady) {
+  EngineOptions o = PlainOptions();
+  o.role = Role::kProducer;
+  Harness h(o);
+  const std::vector<Token> prompt = MakePrompt(8, 30);
+  RequestSpec spec;
+  spec.client = 1;
+  spec.prompt = prompt;
+  spec.max_tokens = 4;
+  spec.kv.do_remote_decode = true;
+  spec.kv.transfer = TransferId{7, 1};
+  ASSERT_TRUE(h.engine().AddRequest(spec, h.now).ok());
+  ASSERT_TRUE(h.StepUntil([&] { return !h.clients[1].dones.empty(); }));
+  ASSERT_EQ(h.clients[1].tokens.size(), 1u);
+  const ReadyOp* ready = nullptr;
+  for (const ConnectorMetadata& m : h.metas) {
+    if (!m.readies.empty()) ready = &m.readies[0];
+  }
+  ASSERT_NE(ready, nullptr);
+  EXPECT_EQ(ready->first_token, h.clients[1].tokens[0].token);
+  EXPECT_EQ(ready->first_token, Reference(prompt, 1, 1, h.shape())[0]);
 }
 
 // Control(): between steps, while the last step's compute runs, an abort

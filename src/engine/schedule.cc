@@ -129,7 +129,7 @@ bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
     *budget -= chunk;
   }
   if (r.computed < len) return true;  // prefill continues next step
-  const Token t = Generate(r);
+  const Token t = NextTokenOf(r);
   dirty_ = true;  // a token is progress even when no KV had to be computed
   actions_.push_back(TokenOut{r.client, t, weights_});
   r.seq.push_back(t);
@@ -164,6 +164,22 @@ void Engine::WriteKv(Request& r, uint32_t upto) {
     }
   }
   r.computed = upto;
+}
+
+// D's first token after a load is the one P computed from the same KV, if
+// P handed it over: no step on the loaded KV for it. The token after it
+// reads all of that KV (Generate), so KV that landed wrong still shows in
+// the output. A request that wants one token only reads it now, as P did.
+Token Engine::NextTokenOf(Request& r) {
+  const Token carried = r.producer_token;
+  r.producer_token = kNoFirstToken;
+  if (options_.producer_first_token && carried != kNoFirstToken && r.generated == 0 &&
+      r.max_tokens > 1 &&
+      r.seq.size() == r.prompt_len) {
+    ++stats_.producer_tokens;
+    return carried;
+  }
+  return Generate(r);
 }
 
 // The next token from the KV actually present in the request's blocks.

@@ -114,6 +114,10 @@ ServerMetrics::ServerMetrics() {
   gauge("kvrelay_weights_version", "weights version loaded", {},
         [s] { return static_cast<double>(s->engine.weights_version); });
   gauge("kvrelay_engine_sleeping", "1 while asleep", {}, [s] { return s->engine.sleeping; });
+  counter("kvrelay_first_tokens_from_producer_total",
+          "D: requests whose first token was the one P computed, emitted without a step on "
+          "the loaded KV",
+          {}, [s] { return s->engine.producer_tokens; });
   const char* kTrHelp = "live sends (P), by state, summed over ranks";
   for (SendState st : {SendState::kWaiting, SendState::kReady, SendState::kDone}) {
     gauge("kvrelay_transfers", kTrHelp, {{"state", SendStateName(st)}}, [s, st] {

@@ -44,6 +44,7 @@ std::string_view MarkName(Mark m) {
     case Mark::kReadFailed: return "read_failed";
     case Mark::kFastAbort: return "fast_abort";
     case Mark::kFastAbortBeforeClaim: return "fast_abort_before_claim";
+    case Mark::kProducerToken: return "producer_token";
     case Mark::kCount: break;
   }
   return "?";

@@ -53,6 +53,7 @@ enum class Mark : uint8_t {
   kReadFailed,
   kFastAbort,                // P's server ended a send straight at its ranks
   kFastAbortBeforeClaim,     //   ... before the engine's claim reached the rank
+  kProducerToken,            // D emitted the first token P handed over
   kCount
 };
 

@@ -211,6 +211,7 @@ SimResult Simulator::Run() {
     Hit(Mark::kLoadFailedError, node.engine->stats().loads_failed);
     Hit(Mark::kPoolPressure, node.engine->stats().preemptions);
     Hit(Mark::kPrefixHit, node.engine->stats().prefix_hits);
+    Hit(Mark::kProducerToken, node.engine->stats().producer_tokens);
     for (const auto& rank : node.ranks) {
       if (const SendTable* s = rank->send_table()) {
         const SendTableStats& st = s->stats();
