@@ -139,10 +139,10 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), client));
   }
   actions_.push_back(RequestDone{client, reason, error});
-  // The KV was computed under the current weights: that is what D must
-  // expect (a weight update since admission changes the fingerprint).
   // P emitted exactly one token, computed from that KV: D gets it with the KV.
   const uint32_t first_token = r.generated == 1 ? r.seq.back() : kNoFirstToken;
+  // The KV was computed under the current weights: that is what D must
+  // expect (a weight update since admission changes the fingerprint).
   if (reason == FinishReason::kLength && r.remote_decode &&
       connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false, Fingerprint(r),
                                  first_token)) {
