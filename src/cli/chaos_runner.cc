@@ -47,14 +47,7 @@ std::string F2(double x) {
 
 // D's completed KV loads so far (-1: no answer).
 double LoadsOk(const std::string& d_url) {
-  httplib::Client cli(d_url);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(3);
-  auto r = cli.Get("/metrics");
-  if (!r || r->status != 200) return -1;
-  const std::string key = "kvrelay_loads_total{outcome=\"ok\"} ";
-  const size_t at = r->body.find(key);
-  return at == std::string::npos ? -1 : std::strtod(r->body.c_str() + at + key.size(), nullptr);
+  return MetricSample(d_url, "kvrelay_loads_total{outcome=\"ok\"}");
 }
 
 // Live sends and loads of an engine, "3 sends, 1 load live" (or why not).

@@ -1,70 +1,16 @@
 #include "cli/local_cluster.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 
-#include <httplib.h>
-#include <unistd.h>
+#include <cstdlib>
 
-#include <algorithm>
-#include <fstream>
-#include <mutex>
-#include <random>
-#include <set>
+#include <httplib.h>
+
+#include "runtime/free_port.h"
 
 namespace kvrelay::cli {
 
-namespace {
-
-bool CanBind(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
-// The lowest port the kernel hands out for outgoing connections (32768 if
-// unreadable, Linux's default).
-uint32_t EphemeralLow() {
-  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
-  uint32_t lo = 0;
-  return in >> lo && lo > 0 ? lo : 32768;
-}
-
-}  // namespace
-
-uint16_t FreePort(uint32_t span) {
-  if (span == 0) span = 1;
-  // A port the kernel picked for bind(0) lies in the ephemeral range: any
-  // connect() on the machine could take it before the child binds it (the
-  // matrix saw "Address already in use"). Below that range nothing does.
-  static std::mutex mu;
-  static std::set<uint16_t> given;
-  static std::mt19937 rng(std::random_device{}());
-  const uint32_t hi = std::min<uint32_t>(EphemeralLow(), 65535);
-  const uint32_t lo = 10000;
-  if (hi <= lo + span) return 0;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const uint32_t base = lo + static_cast<uint32_t>(rng() % (hi - lo - span));
-    bool ok = true;
-    for (uint32_t k = 0; k < span && ok; ++k) {
-      const auto p = static_cast<uint16_t>(base + k);
-      ok = given.count(p) == 0 && CanBind(p);
-    }
-    if (!ok) continue;
-    for (uint32_t k = 0; k < span; ++k) given.insert(static_cast<uint16_t>(base + k));
-    return static_cast<uint16_t>(base);
-  }
-  return 0;
-}
+uint16_t FreePort(uint32_t span) { return runtime::FreeLoopbackPorts(span); }
 
 std::string SelfPath() {
   char buf[4096];
@@ -214,6 +160,17 @@ std::string LocalCluster::Stop(bool* clean) {
   procs_.clear();
   if (clean != nullptr) *clean = all;
   return out;
+}
+
+double MetricSample(const std::string& url, const std::string& sample) {
+  httplib::Client cli(url);
+  cli.set_connection_timeout(1);
+  cli.set_read_timeout(3);
+  auto r = cli.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const std::string key = "\n" + sample + " ";  // a sample line, not its # HELP
+  const size_t at = r->body.find(key);
+  return at == std::string::npos ? -1 : std::strtod(r->body.c_str() + at + key.size(), nullptr);
 }
 
 Result<nlohmann::json> GetJson(const std::string& url, const std::string& path) {

@@ -68,12 +68,14 @@ class LocalCluster {
   std::vector<std::string> p_urls_, d_urls_, plain_urls_;
 };
 
-// A loopback port free now (and the `span - 1` after it, as far as bind says),
-// chosen at random below the kernel's ephemeral range, so that no outgoing
-// connection of any process takes it before the child binds it; never the
-// same port twice in one process. 0: none found.
+// A loopback port free now, and the `span - 1` after it
+// (runtime::FreeLoopbackPorts: below the ephemeral range, never twice).
 uint16_t FreePort(uint32_t span = 1);
 std::string SelfPath();
+// The value of one sample line of url's /metrics, `sample` being its name
+// with any labels (`kvrelay_loads_total{outcome="ok"}`); -1 if the engine did
+// not answer or has no such line.
+double MetricSample(const std::string& url, const std::string& sample);
 // GET url+path as JSON (short timeouts); kUnavailable on any failure.
 Result<nlohmann::json> GetJson(const std::string& url, const std::string& path);
 

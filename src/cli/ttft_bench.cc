@@ -11,7 +11,6 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -119,18 +118,6 @@ Result<Streamed> StreamOne(httplib::Client& cli, const json& body, double timeou
   return out;
 }
 
-// A counter from an engine's /metrics (-1: no answer, or not there).
-double CounterOf(const std::string& url, const std::string& name) {
-  httplib::Client cli(url);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(3);
-  auto r = cli.Get("/metrics");
-  if (!r || r->status != 200) return -1;
-  const std::string key = "\n" + name + " ";  // a sample line, not its # HELP
-  const size_t at = r->body.find(key);
-  return at == std::string::npos ? -1 : std::strtod(r->body.c_str() + at + key.size(), nullptr);
-}
-
 constexpr char kProducerTokens[] = "kvrelay_first_tokens_from_producer_total";
 
 std::vector<engine::Token> PromptOf(const json& body) {
@@ -174,7 +161,7 @@ class TtftRun {
 
   Status Measure(LengthRun* run) {
     const Clock::time_point t0 = Clock::now();
-    const double producer_tokens0 = CounterOf(c_.d_url(), kProducerTokens);
+    const double producer_tokens0 = MetricSample(c_.d_url(), kProducerTokens);
     Clock::time_point last_line = t0;
     for (uint32_t i = 0; i < o_.samples; ++i) {
       json body = Stream(c_.Prompt(prng_, run->tokens));
@@ -198,7 +185,7 @@ class TtftRun {
         std::fflush(stdout);
       }
     }
-    const double producer_tokens1 = CounterOf(c_.d_url(), kProducerTokens);
+    const double producer_tokens1 = MetricSample(c_.d_url(), kProducerTokens);
     if (producer_tokens0 >= 0 && producer_tokens1 >= 0) {
       run->producer_tokens = producer_tokens1 - producer_tokens0;
     }

@@ -144,9 +144,9 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
     e.cut_short = e.cut_short || done.cut_short;
     e.first_token = AgreeFirstToken(e.first_token, e.reports, done.first_token);
     if (++e.reports == options_.tp) {
-      const bool ok = e.load_ok && !e.cut_short;
-      out.recving_done.push_back(LoadOutcome{done.request, e.load_ok, e.cut_short,
-                                             ok ? e.first_token : kNoFirstToken});
+      // A rank whose load failed or was cut short reported no token.
+      out.recving_done.push_back(
+          LoadOutcome{done.request, e.load_ok, e.cut_short, e.first_token});
       Erase(it);
     }
   }

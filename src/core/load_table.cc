@@ -244,12 +244,13 @@ void LoadTable::Record(uint32_t slot, Producer& p, TransferResult result,
   Load& load = loads_[slot];
   KV_CHECK(!p.answered);
   KV_CHECK_GT(load.unanswered, 0u);
+  // A failed answer names no token, so a load that failed anywhere has none.
+  const auto answered = static_cast<uint32_t>(load.producers.size()) - load.unanswered;
+  load.first_token = AgreeFirstToken(load.first_token, answered,
+                                     result == TransferResult::kOk ? first_token : kNoFirstToken);
   p.answered = true;
   p.result = result;
   --load.unanswered;
-  if (result == TransferResult::kOk) {
-    load.first_token = AgreeFirstToken(load.first_token, load.oks++, first_token);
-  }
   if (result != TransferResult::kOk && !load.failed) {
     load.failed = true;  // sticky
     load.first_error = result;
@@ -275,7 +276,7 @@ void LoadTable::FinishIfComplete(uint32_t slot) {
     ++(ok ? stats_.loads_ok : stats_.loads_failed);
     if (load.cut_short) ++stats_.loads_cut_short;
     actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short, first_error,
-                                ok ? load.first_token : kNoFirstToken});
+                                ok ? load.first_token : kNoFirstToken});  // cut short: none
   }
   giveup_.Cancel(slot);
   KV_CHECK(by_transfer_.Erase(load.transfer, LoadKeyOf{&loads_}));

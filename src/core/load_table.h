@@ -222,8 +222,7 @@ class LoadTable {
     uint32_t unanswered = 0;
     bool failed = false;
     TransferResult first_error = TransferResult::kOk;
-    uint32_t oks = 0;                         // ok answers so far
-    uint32_t first_token = kNoFirstToken;     // what they agreed on
+    uint32_t first_token = kNoFirstToken;     // what the answers so far agreed on
     bool released = false;
     bool cut_short = false;
     uint64_t prompt_hash = 0;

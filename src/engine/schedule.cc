@@ -174,8 +174,7 @@ Token Engine::NextTokenOf(Request& r) {
   const Token carried = r.producer_token;
   r.producer_token = kNoFirstToken;
   if (options_.producer_first_token && carried != kNoFirstToken && r.generated == 0 &&
-      r.max_tokens > 1 &&
-      r.seq.size() == r.prompt_len) {
+      r.max_tokens > 1) {
     ++stats_.producer_tokens;
     return carried;
   }

@@ -28,6 +28,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include "runtime/free_port.h"
+
 extern char** environ;
 
 namespace kvrelay::proctest {
@@ -130,23 +132,6 @@ struct Registrar {
 };
 const Registrar g_registrar;
 
-// --- ports --------------------------------------------------------------------------
-
-std::mutex g_ports_mu;
-std::set<uint16_t> g_ports_given;   // never hand out a port twice in one process
-
-bool CanBind(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
 std::string Tail(const std::string& s, size_t max_bytes) {
   if (s.size() <= max_bytes) return s;
   return "...\n" + s.substr(s.size() - max_bytes);
@@ -234,26 +219,9 @@ uint64_t TestSeed() {
   return seed;
 }
 
-uint16_t FreePorts(uint32_t n) {
-  if (n == 0) n = 1;
-  // Below the ephemeral range (32768+ on Linux), so no outgoing connection
-  // of this or another process takes a port between this check and the bind.
-  constexpr uint32_t kLo = 20000, kHi = 32000;
-  static std::mt19937 rng(std::random_device{}());
-  std::lock_guard<std::mutex> lock(g_ports_mu);
-  for (int attempt = 0; attempt < 500; ++attempt) {
-    const uint32_t base = kLo + rng() % (kHi - kLo - n);
-    bool ok = true;
-    for (uint32_t i = 0; i < n && ok; ++i) {
-      const uint16_t p = static_cast<uint16_t>(base + i);
-      ok = !g_ports_given.count(p) && CanBind(p);
-    }
-    if (!ok) continue;
-    for (uint32_t i = 0; i < n; ++i) g_ports_given.insert(static_cast<uint16_t>(base + i));
-    return static_cast<uint16_t>(base);
-  }
-  return 0;
-}
+// --- ports --------------------------------------------------------------------------
+
+uint16_t FreePorts(uint32_t n) { return runtime::FreeLoopbackPorts(n); }
 
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
              std::chrono::milliseconds poll) {
