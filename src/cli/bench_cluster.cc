@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "router/leg_bodies.h"
+#include "router/transfer_id_source.h"
 
 namespace kvrelay::cli {
 
@@ -88,6 +89,14 @@ Status BenchCluster::Prefill(const json& client, const TransferId& t) {
                             router::UpstreamErrorMessage(r->body));
   }
   return Status::Ok();
+}
+
+Result<BenchCluster::Pulled> BenchCluster::Transfer(Prng& prng, uint32_t tokens) {
+  const json client = Prompt(prng, tokens);
+  Result<TransferId> id = router::NewTransferIdFromOs();
+  if (!id.ok()) return id.status();
+  if (Status s = Prefill(client, *id); !s.ok()) return s;
+  return Decode(client, *id);
 }
 
 Result<BenchCluster::Pulled> BenchCluster::Decode(const json& client, const TransferId& t) {

@@ -94,6 +94,9 @@ class BenchCluster {
   // D pulls `t` and decodes one token (the router's D leg); the pull's
   // sample from D's log.
   Result<Pulled> Decode(const nlohmann::json& client, const TransferId& t);
+  // A fresh prompt of `tokens` under a fresh transfer id: Prefill, then
+  // Decode.
+  Result<Pulled> Transfer(Prng& prng, uint32_t tokens);
 
   // P's send for `t`: its state (WAITING, READY, DONE; "" if P holds none,
   // yet or any more) and how many pull items wait on it (D's pull arrived).

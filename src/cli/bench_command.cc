@@ -92,6 +92,15 @@ void RegisterTransferBench(CLI::App* bench) {
   cmd->add_option("--min-transfers", o->min_transfers, "fewest transfers per size")
       ->capture_default_str()
       ->check(CLI::Range(1u, 100000u));
+  cmd->add_option("--rounds", o->rounds,
+                  "per size, kvrelay's transfers and the baseline's alternate in this many "
+                  "rounds, so drift on a shared machine moves both sides of a ratio alike")
+      ->check(CLI::Range(1u, 100u))
+      ->capture_default_str();
+  cmd->add_option("--min-round-mib", o->min_round_mib,
+                  "fewer rounds where a baseline round would move less than this (its timed "
+                  "pass repeats its first, which must not fit in a cache)")
+      ->capture_default_str();
   cmd->add_option("--max-transfers", o->max_transfers, "most transfers per size")
       ->capture_default_str()
       ->check(CLI::Range(1u, 100000u));

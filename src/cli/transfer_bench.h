@@ -32,6 +32,13 @@ struct TransferBenchOptions {
   uint32_t pool_blocks = 0;              // 0: max(4 × largest size, 256)
   uint64_t bytes_per_size = 1ull << 30;  // transfers per size: enough to move this
   uint32_t min_transfers = 5, max_transfers = 40;
+  // Each size's transfers alternate with the baseline's in this many rounds
+  // (kvrelay's share, then the baseline's), so a machine whose speed drifts
+  // during the run moves both sides of a ratio alike. Fewer where a round
+  // would move less than `min_round_mib` (96 MiB by default, more than any
+  // cache here: a baseline times its second pass over the same transfers).
+  uint32_t rounds = 3;
+  uint32_t min_round_mib = 96;
   uint32_t latency_samples = 300;        // one-block pulls per transport (0: skip)
   std::string latency_shape = "small";
   uint32_t abort_probes = 0;             // abort-on-P probes per transport (0: skip)
