@@ -108,6 +108,7 @@ EngineEnd ReadEngineEnd(const std::string& name, const std::string& url) {
   e.pulls_received = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_pulls_received_total") -
                                            MetricSum(me->body, "kvrelay_pulls_resent_total"));
   e.pulls_answered = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_pulls_answered_total"));
+  e.lanes_opened = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_lanes_opened_total"));
   e.loads_failed = 0;
   {
     std::istringstream in(me->body);

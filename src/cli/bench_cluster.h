@@ -48,6 +48,7 @@ struct BenchClusterOptions {
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
   int64_t inline_write_kib = -1;      // serve's --inline-write-kib; -1: its default
+  bool local_lane = true;             // false: serve's --no-local-lane
   int control_nice = 0;               // serve's --control-nice; 0: not passed
   int control_slice_us = -1;          // serve's --control-slice-us; -1: not passed
   uint32_t kv_read_threads = 1;       // serve's --kv-read-threads (every engine, plain too)

@@ -97,12 +97,13 @@ int RunChaos(const ChaosCliOptions& cli) {
     if (!r.fault_detail.empty()) std::printf("    fault: %s\n", r.fault_detail.c_str());
     for (const EngineEnd& e : r.measure.engines) {
       std::printf("    %s%s: oldest send %.1f s (bound %.1f), oldest load %.1f s (bound %.1f), "
-                  "pull items %llu received / %llu answered, loads failed %llu\n",
+                  "pull items %llu received / %llu answered, loads failed %llu, lanes %llu\n",
                   e.name.c_str(), e.restarted ? " (restarted)" : "", e.max_send_age_s,
                   r.bounds.send_bound_s, e.max_load_age_s, r.bounds.load_bound_s,
                   static_cast<unsigned long long>(e.pulls_received),
                   static_cast<unsigned long long>(e.pulls_answered),
-                  static_cast<unsigned long long>(e.loads_failed));
+                  static_cast<unsigned long long>(e.loads_failed),
+                  static_cast<unsigned long long>(e.lanes_opened));
     }
     for (const std::string& w : r.verdict.why) std::printf("    %s: %s\n",
         r.verdict.kind == ChaosVerdict::Kind::kSkipped ? "skipped" : "FAIL", w.c_str());
@@ -123,7 +124,8 @@ int RunChaos(const ChaosCliOptions& cli) {
                            {"max_load_age_s", e.max_load_age_s},
                            {"pulls_received", e.pulls_received},
                            {"pulls_answered", e.pulls_answered},
-                           {"loads_failed", e.loads_failed}});
+                           {"loads_failed", e.loads_failed},
+                           {"lanes_opened", e.lanes_opened}});
       }
       const LoadReport& l = r.measure.load;
       j.push_back({{"case", r.c.name},

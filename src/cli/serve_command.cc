@@ -37,6 +37,7 @@ struct ServeCliOptions {
   uint32_t kv_read_threads = 1;
   bool busy_steps = false;
   bool no_fast_abort = false;
+  bool no_local_lane = false;
   uint32_t tcp_streams = 4;
   std::string ucx_tls;
   double abort_timeout_s = 480;
@@ -118,6 +119,7 @@ int RunServe(const ServeCliOptions& o) {
   no.ctrl_port = static_cast<uint16_t>(o.ctrl_port >= 0 ? o.ctrl_port : o.port + 1000);
   no.num_workers = o.num_workers;
   no.inline_write_bytes = uint64_t{o.inline_write_kib} * 1024;
+  no.local_lane = !o.no_local_lane;
   no.control_nice = o.control_nice;
   no.control_slice_us = o.control_slice_us;
   no.kv_read_threads = o.kv_read_threads;
@@ -255,6 +257,10 @@ void RegisterServe(CLI::App& app) {
                 "P: end an aborted prefill leg's send through the engine loop only (by "
                 "default an abort of an open leg, from abort_requests or a client gone, "
                 "also goes straight to the ranks, so a waiting D is answered at once)");
+  cmd->add_flag("--no-local-lane", o->no_local_lane,
+                "shm: keep control frames between this host's P and D ranks on ZeroMQ (by "
+                "default they take a Unix socket the rank threads poll themselves: two "
+                "thread wake-ups a pull instead of six; docs/performance.md)");
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS (default: UCX's choice)");

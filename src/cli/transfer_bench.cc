@@ -92,6 +92,7 @@ Status StartCluster(BenchCluster& c, const TransferBenchOptions& o, const std::s
   b.tcp_streams = o.tcp_streams;
   b.ucx_tls = o.ucx_tls;
   b.inline_write_kib = o.inline_write_kib;
+  b.local_lane = o.local_lane;
   b.control_nice = o.control_nice;
   b.control_slice_us = o.control_slice_us;
   b.busy_steps = o.busy_steps;

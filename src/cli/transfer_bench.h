@@ -44,6 +44,7 @@ struct TransferBenchOptions {
   uint32_t abort_probes = 0;             // abort-on-P probes per transport (0: skip)
   uint32_t tcp_streams = 4;
   int64_t inline_write_kib = -1;  // -1: the engines' default
+  bool local_lane = true;         // false: the engines' --no-local-lane
   int control_nice = 0;           // the engines' --control-nice (0: not passed)
   int control_slice_us = -1;      // the engines' --control-slice-us (-1: not passed)
   bool busy_steps = false;        // the engines' --busy-steps

@@ -107,6 +107,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       ro.send.giveup_grace = options.giveup_grace;
       ro.send.num_workers = options.num_workers;
       ro.inline_write_bytes = options.inline_write_bytes;
+      ro.local_lane = options.local_lane;
       ro.load.abort_timeout = options.abort_timeout;
       ro.load.giveup_grace = options.giveup_grace;
       ro.mode = options.kv_mode;

@@ -2,6 +2,8 @@
 
 #include <zmq.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -74,6 +76,17 @@ Status RankActor::Start() {
       return Status(StatusCode::kUnavailable, "rank " + std::to_string(options_.rank) +
                                                   ": cannot bind control channel " + ep +
                                                   ": " + err);
+    }
+    if (LaneEnabled()) {
+      const std::string name =
+          LaneAddress(options_.engine_id, options_.rank, options_.ctrl_port + options_.rank);
+      auto listener = LaneListener::Bind(name);
+      if (listener.ok()) {
+        lane_listener_ = std::move(*listener);
+      } else {
+        Log("rank", "rank %u: no local lane (@%s: %s); D ranks use ZeroMQ", options_.rank,
+            name.c_str(), listener.status().message().c_str());
+      }
     }
   }
   next_heartbeat_ = MonoNow();
@@ -203,36 +216,90 @@ std::optional<RankState> RankActor::State() {
 void RankActor::Loop() {
   std::deque<Inbox::Fn> fns;
   std::vector<zmq_pollitem_t> items;
-  std::vector<Conn*> polled;
+  // What each poll item is, in order after the inbox.
+  enum class Polled : uint8_t { kRouter, kListener, kDLane, kDealer, kPLane };
+  struct Entry {
+    Polled kind;
+    LocalLane* lane = nullptr;
+    Conn* conn = nullptr;
+  };
+  std::vector<Entry> polled;
+  auto lane_events = [](const LocalLane& l) {
+    return static_cast<short>(ZMQ_POLLIN | (l.wants_write() ? ZMQ_POLLOUT : 0));
+  };
   while (!stop_) {
     items.clear();
     polled.clear();
     items.push_back(zmq_pollitem_t{nullptr, inbox_.fd(), ZMQ_POLLIN, 0});
-    if (router_ != nullptr) items.push_back(zmq_pollitem_t{router_, 0, ZMQ_POLLIN, 0});
+    bool buffered = false;  // a lane holds a whole frame it did not deliver
+    if (router_ != nullptr) {
+      items.push_back(zmq_pollitem_t{router_, 0, ZMQ_POLLIN, 0});
+      polled.push_back({Polled::kRouter});
+    }
+    if (lane_listener_ != nullptr) {
+      items.push_back(zmq_pollitem_t{nullptr, lane_listener_->fd(), ZMQ_POLLIN, 0});
+      polled.push_back({Polled::kListener});
+    }
+    for (auto& l : d_lanes_) {
+      items.push_back(zmq_pollitem_t{nullptr, l->fd(), lane_events(*l), 0});
+      polled.push_back({Polled::kDLane, l.get()});
+      buffered |= l->has_buffered_frame();
+    }
     for (auto& [key, c] : conns_) {
       items.push_back(zmq_pollitem_t{c.sock, 0, ZMQ_POLLIN, 0});
-      polled.push_back(&c);
+      polled.push_back({Polled::kDealer, nullptr, &c});
+      if (c.lane != nullptr) {
+        items.push_back(zmq_pollitem_t{nullptr, c.lane->fd(), lane_events(*c.lane), 0});
+        polled.push_back({Polled::kPLane, c.lane.get(), &c});
+        buffered |= c.lane->has_buffered_frame();
+      }
     }
     Instant now = MonoNow();
     Instant wake = next_heartbeat_;
     if (auto d = conn_.NextDeadline()) wake = std::min(wake, *d);
     // Outcomes Pump left for lack of rounds (a long chain of inline
-    // writes): nothing would wake us for them, so only look and go on.
-    const bool pending = !deferred_write_done_.empty() || !deferred_read_done_.empty();
+    // writes), or frames a lane read but did not deliver: nothing would
+    // wake us for them, so only look and go on.
+    const bool pending =
+        buffered || !deferred_write_done_.empty() || !deferred_read_done_.empty();
     zmq_poll(items.data(), static_cast<int>(items.size()), pending ? 0 : ToMillis(wake - now));
 
     inbox_.Take(&fns);
     for (auto& fn : fns) fn();
     fns.clear();
-    size_t i = 1;
-    if (router_ != nullptr) {
-      if (items[i].revents & ZMQ_POLLIN) DrainRouter();
-      ++i;
+    for (size_t i = 0; i < polled.size(); ++i) {
+      const Entry& e = polled[i];
+      const short ev = items[i + 1].revents;
+      switch (e.kind) {
+        case Polled::kRouter:
+          if (ev & ZMQ_POLLIN) DrainRouter();
+          break;
+        case Polled::kListener:
+          if (ev & ZMQ_POLLIN) AcceptLanes();
+          break;
+        case Polled::kDLane:
+          if (ev & ZMQ_POLLOUT) e.lane->Flush();
+          if ((ev & (ZMQ_POLLIN | ZMQ_POLLERR)) || e.lane->has_buffered_frame()) {
+            ReadDLane(*e.lane);
+          }
+          break;
+        case Polled::kDealer:
+          if (ev & ZMQ_POLLIN) DrainDealer(*e.conn);
+          break;
+        case Polled::kPLane:
+          // The lane may have been replaced (a P restart) since the poll.
+          if (e.conn->lane.get() != e.lane) break;
+          if (ev & ZMQ_POLLOUT) e.lane->Flush();
+          if ((ev & (ZMQ_POLLIN | ZMQ_POLLERR)) || e.lane->has_buffered_frame()) {
+            Conn& c = *e.conn;
+            e.lane->Read([this, &c](const uint8_t* data, size_t size) {
+              OnFrame(nullptr, &c, data, size);
+            });
+          }
+          break;
+      }
     }
-    for (Conn* c : polled) {
-      if (items[i].revents & ZMQ_POLLIN) DrainDealer(*c);
-      ++i;
-    }
+    SweepLanes();
     now = MonoNow();
     if (auto d = conn_.NextDeadline(); d && *d <= now) conn_.OnTimer(now);
     if (now >= next_heartbeat_) Heartbeat(now);
@@ -241,6 +308,9 @@ void RankActor::Loop() {
   // Shutdown: say goodbye to nothing; close the sockets (linger 0).
   for (auto& [key, c] : conns_) zmq_close(c.sock);
   conns_.clear();
+  lane_of_identity_.clear();
+  d_lanes_.clear();
+  lane_listener_.reset();
   if (router_ != nullptr) zmq_close(router_);
   router_ = nullptr;
 }
@@ -349,9 +419,8 @@ void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* 
           LogOnce("rank", "dst_out_of_region",
                   "rank " + std::to_string(options_.rank) +
                       ": refused a pull naming blocks outside the region D registered");
-          SendFrame(router_, identity,
-                    EncodeWire(AnswerMsg{pull->pull_seq, item.transfer,
-                                         TransferResult::kRejected}));
+          SendToD(*identity, EncodeWire(AnswerMsg{pull->pull_seq, item.transfer,
+                                                  TransferResult::kRejected}));
         }
         pull->items = std::move(kept);
         if (pull->items.empty()) return;
@@ -408,7 +477,8 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   if (!inserted) return c;
   c.engine = engine;
   c.rank = rank;
-  c.endpoint = Endpoint(host, uint32_t{port} + rank);
+  c.port = uint32_t{port} + rank;
+  c.endpoint = Endpoint(host, c.port);
   c.sock = zmq_socket(zmq_, ZMQ_DEALER);
   const int zero = 0;
   zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -416,9 +486,7 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   zmq_setsockopt(c.sock, ZMQ_RCVHWM, &options_.socket_hwm, sizeof(int));
   const int64_t max_msg = options_.limits.max_frame_bytes;
   zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
-  const std::string id = std::to_string(options_.engine_id) + ":" +
-                         std::to_string(options_.rank) + ":" +
-                         std::to_string(options_.incarnation);
+  const std::string id = RoutingId();
   zmq_setsockopt(c.sock, ZMQ_ROUTING_ID, id.data(), id.size());
   const int interval_ms = 100;
   zmq_setsockopt(c.sock, ZMQ_RECONNECT_IVL, &interval_ms, sizeof interval_ms);
@@ -435,7 +503,8 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   if (zmq_connect(c.sock, c.endpoint.c_str()) != 0) {
     Log("rank", "cannot connect to %s: %s", c.endpoint.c_str(), zmq_strerror(zmq_errno()));
   }
-  SendFrame(c.sock, nullptr, HelloFor(c));
+  OpenLane(c);
+  SendToP(c, HelloFor(c));
   return c;
 }
 
@@ -443,7 +512,7 @@ void RankActor::Heartbeat(Instant now) {
   next_heartbeat_ = now + options_.heartbeat;
   if (conns_.empty()) return;
   for (auto& [key, c] : conns_) {
-    SendFrame(c.sock, nullptr, HelloFor(c));
+    SendToP(c, HelloFor(c));
     if (!c.known) continue;
     const Duration silent = now - c.last_heard;
     if (c.state == Conn::kUp && silent > options_.peer_down_after) {
@@ -477,6 +546,142 @@ bool RankActor::SendFrame(void* sock, const std::string* identity,
   }
   ++counters_.frames_out;
   return true;
+}
+
+// --- the local lane ------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kMaxLanes = 1024;  // P: lanes accepted at once
+
+LaneLimits LaneLimitsFor(const RankActorOptions& o) {
+  LaneLimits l;
+  l.max_frame_bytes = o.limits.max_frame_bytes;
+  l.max_frames = static_cast<size_t>(std::max(o.socket_hwm, 1));
+  return l;
+}
+
+}  // namespace
+
+bool RankActor::LaneEnabled() const {
+  return options_.local_lane && transport_->kind() == net::TransportKind::kShm;
+}
+
+std::string RankActor::RoutingId() const {
+  return std::to_string(options_.engine_id) + ":" + std::to_string(options_.rank) + ":" +
+         std::to_string(options_.incarnation);
+}
+
+void RankActor::OpenLane(Conn& c) {
+  if (!LaneEnabled()) return;
+  if (c.lane != nullptr) {
+    // A new P incarnation: the old process's lane is dead or dying.
+    c.lane->Break("P restarted");
+    ++counters_.lanes_broken;
+    retired_lanes_.push_back(std::move(c.lane));
+  }
+  auto lane = LocalLane::Connect(LaneAddress(c.engine, c.rank, c.port), LaneLimitsFor(options_));
+  if (!lane.ok()) return;  // P not up yet, another host, or no lane: ZeroMQ
+  c.lane = std::move(*lane);
+  if (c.lane->Send(LaneAttachFrame(RoutingId())) != LocalLane::SendResult::kSent) {
+    retired_lanes_.push_back(std::move(c.lane));
+    return;
+  }
+  ++counters_.lanes_opened;
+}
+
+void RankActor::AcceptLanes() {
+  for (int n = 0; n < 64; ++n) {
+    const int fd = lane_listener_->Accept();
+    if (fd < 0) return;
+    if (d_lanes_.size() >= kMaxLanes) {
+      close(fd);
+      LogOnce("rank", "lanes_full",
+              "rank " + std::to_string(options_.rank) + ": refused a local lane: " +
+                  std::to_string(kMaxLanes) + " open; that D rank uses ZeroMQ");
+      continue;
+    }
+    d_lanes_.push_back(std::make_unique<LocalLane>(fd, LaneLimitsFor(options_)));
+  }
+}
+
+void RankActor::ReadDLane(LocalLane& lane) {
+  lane.Read([this, &lane](const uint8_t* data, size_t size) {
+    if (lane.identity().empty()) {
+      std::optional<std::string> id = ParseLaneAttach(data, size);
+      if (!id) {
+        ++counters_.malformed;
+        lane.Break("its first frame is not an attach");
+        return;
+      }
+      auto it = lane_of_identity_.find(*id);
+      if (it != lane_of_identity_.end() && it->second != &lane) {
+        it->second->Break("replaced by a newer lane of the same D rank");
+      }
+      lane_of_identity_[*id] = &lane;
+      lane.set_identity(std::move(*id));
+      ++counters_.lanes_opened;
+      return;
+    }
+    OnFrame(&lane.identity(), nullptr, data, size);
+  });
+}
+
+void RankActor::SweepLanes() {
+  auto note = [this](const LocalLane& l, const std::string& who) {
+    ++counters_.lanes_broken;
+    LogOnce("rank", "lane_broken:" + l.why_broken(),
+            "rank " + std::to_string(options_.rank) + ": local lane " + who + " broke (" +
+                l.why_broken() + "); its frames go over ZeroMQ");
+  };
+  for (auto& [key, c] : conns_) {
+    if (c.lane != nullptr && c.lane->broken()) {
+      note(*c.lane, "to " + c.endpoint);
+      retired_lanes_.push_back(std::move(c.lane));
+    }
+  }
+  retired_lanes_.clear();
+  auto broken = [](const std::unique_ptr<LocalLane>& l) { return l->broken(); };
+  if (std::none_of(d_lanes_.begin(), d_lanes_.end(), broken)) return;
+  for (auto& l : d_lanes_) {
+    if (!l->broken()) continue;
+    auto it = lane_of_identity_.find(l->identity());
+    if (it != lane_of_identity_.end() && it->second == l.get()) lane_of_identity_.erase(it);
+    if (l->why_broken() != "closed by the peer") note(*l, "from D " + l->identity());
+  }
+  d_lanes_.erase(std::remove_if(d_lanes_.begin(), d_lanes_.end(), broken), d_lanes_.end());
+}
+
+std::optional<bool> RankActor::SendOnLane(LocalLane& lane, const std::vector<uint8_t>& frame) {
+  switch (lane.Send(frame)) {
+    case LocalLane::SendResult::kSent:
+      ++counters_.frames_out;
+      ++counters_.lane_frames_out;
+      return true;
+    case LocalLane::SendResult::kQueueFull:
+      ++counters_.unroutable;  // as a ZeroMQ socket at its high-water mark
+      return false;
+    case LocalLane::SendResult::kBroken:
+      break;
+  }
+  return std::nullopt;
+}
+
+bool RankActor::SendToD(const std::string& identity, const std::vector<uint8_t>& frame) {
+  auto it = lane_of_identity_.find(identity);
+  if (it != lane_of_identity_.end()) {
+    if (std::optional<bool> sent = SendOnLane(*it->second, frame)) return *sent;
+    // Broken: D went away or falls back to its DEALER, if any.
+  }
+  return SendFrame(router_, &identity, frame);
+}
+
+bool RankActor::SendToP(Conn& c, const std::vector<uint8_t>& frame) {
+  if (c.lane != nullptr) {
+    if (std::optional<bool> sent = SendOnLane(*c.lane, frame)) return *sent;
+    // Broken: P gone or closed it; ZeroMQ from here on (SweepLanes).
+  }
+  return SendFrame(c.sock, nullptr, frame);
 }
 
 // --- actions -----------------------------------------------------------------
@@ -573,7 +778,7 @@ void RankActor::SendOut(OutMessage out) {
                              PullSent{now, static_cast<uint32_t>(item.dst.size())});
       ++counters_.pulls_sent;
     }
-    SendFrame(it->second.sock, nullptr, EncodeWire(*pull));
+    SendToP(it->second, EncodeWire(*pull));
     return;
   }
   if (std::holds_alternative<LeaseMsg>(out.msg) || std::holds_alternative<NoticeMsg>(out.msg)) {
@@ -583,8 +788,7 @@ void RankActor::SendOut(OutMessage out) {
       ++counters_.unroutable;
       return;
     }
-    SendFrame(it->second.sock, nullptr,
-              std::holds_alternative<LeaseMsg>(out.msg)
+    SendToP(it->second, std::holds_alternative<LeaseMsg>(out.msg)
                   ? EncodeWire(std::get<LeaseMsg>(out.msg))
                   : EncodeWire(std::get<NoticeMsg>(out.msg)));
     return;
@@ -603,11 +807,11 @@ void RankActor::SendOut(OutMessage out) {
       region_->read_grants().Grant(g->transfer, blocks);
       read_granted_.emplace(g->transfer, std::move(blocks));
     }
-    SendFrame(router_, &it->second.identity, EncodeWire(*g));
+    SendToD(it->second.identity, EncodeWire(*g));
   } else if (auto* r = std::get_if<RevokeMsg>(&out.msg)) {
-    SendFrame(router_, &it->second.identity, EncodeWire(*r));
+    SendToD(it->second.identity, EncodeWire(*r));
   } else {
-    SendFrame(router_, &it->second.identity, EncodeWire(std::get<AnswerMsg>(out.msg)));
+    SendToD(it->second.identity, EncodeWire(std::get<AnswerMsg>(out.msg)));
   }
 }
 

@@ -24,6 +24,14 @@
 // `peer_dead_after` declares it gone (PeerGone: its loads fail now, and
 // recompute or fail by policy, instead of waiting out the timeout).
 //
+// Local lane (shm only, `local_lane`): P also listens on a Unix socket
+// (runtime/local_lane.h) and a D rank that reaches it sends every frame
+// for that P rank there instead of its DEALER, handshakes included; P
+// answers an identity on its lane while it has one. The lane is opened
+// only before a P incarnation is known (at the first handshake, or a
+// restart), when nothing but hellos is in flight, so frames never pass
+// each other between the two paths. A broken lane falls back to ZeroMQ.
+//
 // Read mode (`mode` kRead): the same actor drives a LeaseTable (P) and a
 // ReadLoadTable (D) instead: D's heartbeats and notices go out on its
 // DEALERs, P's grants and revokes on its ROUTER; D opens P's region for
@@ -76,6 +84,7 @@
 #include "net/transport.h"
 #include "runtime/engine_actor.h"
 #include "runtime/inbox.h"
+#include "runtime/local_lane.h"
 #include "runtime/writer_pool.h"
 
 namespace kvrelay::runtime {
@@ -108,6 +117,10 @@ struct RankActorOptions {
   Duration peer_down_after = Duration::Seconds(3);
   Duration peer_dead_after = Duration::Seconds(10);
   int socket_hwm = 100000;             // ZeroMQ high-water mark, each way
+  // shm: control frames between the same host's ranks go over a Unix
+  // socket polled by the rank threads (two thread wake-ups a pull, not
+  // six). false: ZeroMQ only.
+  bool local_lane = true;
   int thread_nice = 0;                 // the actor thread's nice value; 0: inherited
   int thread_slice_us = 0;             // the actor thread's EEVDF slice; 0: inherited
   std::string auth_token;              // shared secret; empty: no authentication
@@ -126,6 +139,8 @@ struct RankCounters {
   std::atomic<uint64_t> peers_down{0}, peers_gone{0}, reconnects{0};
   std::atomic<uint64_t> writes_ok{0}, writes_failed{0}, bytes_written{0};
   std::atomic<uint64_t> writes_inline{0};  // of those, run on the rank's thread
+  std::atomic<uint64_t> lane_frames_out{0};  // of frames_out, sent on a local lane
+  std::atomic<uint64_t> lanes_opened{0}, lanes_broken{0};
   std::atomic<uint64_t> reads_ok{0}, reads_failed{0}, bytes_read{0};  // read mode, D
   std::atomic<uint64_t> pulls_sent{0}, answers_received{0};
   // Access control. auth_failed: handshakes refused because their MAC did
@@ -207,8 +222,10 @@ class RankActor {
  private:
   struct Conn {  // D → one P rank
     uint32_t engine = 0, rank = 0;
+    uint32_t port = 0;  // P rank's control port (ctrl_port + rank)
     std::string endpoint;
     void* sock = nullptr;
+    std::unique_ptr<LocalLane> lane;  // shm: the same-host path, when open
     bool known = false;
     PeerId peer;
     enum State : uint8_t { kConnecting, kUp, kDown, kGone } state = kConnecting;
@@ -251,6 +268,19 @@ class RankActor {
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
   void NotifyKnown() EXCLUDES(known_mu_);
   bool SendFrame(void* sock, const std::string* identity, const std::vector<uint8_t>& frame);
+  // A frame to a D rank (its lane if attached, else the ROUTER) and to a P
+  // rank (the lane if open, else the DEALER).
+  bool SendToD(const std::string& identity, const std::vector<uint8_t>& frame);
+  bool SendToP(Conn& c, const std::vector<uint8_t>& frame);
+  // true: sent; false: dropped (queue full); nullopt: the lane is broken.
+  std::optional<bool> SendOnLane(LocalLane& lane, const std::vector<uint8_t>& frame);
+  bool LaneEnabled() const;
+  std::string RoutingId() const;
+  // D: opens a lane to `c`'s P rank (quietly nothing if it has none).
+  void OpenLane(Conn& c);
+  void AcceptLanes();                 // P
+  void ReadDLane(LocalLane& lane);    // P: frames from a D rank's lane
+  void SweepLanes();                  // drops broken lanes, both sides
 
   const RankActorOptions options_;
   void* const zmq_;
@@ -268,6 +298,12 @@ class RankActor {
 
   // Actor thread only.
   void* router_ = nullptr;
+  std::unique_ptr<LaneListener> lane_listener_;             // P
+  std::vector<std::unique_ptr<LocalLane>> d_lanes_;         // P: accepted, ≤ kMaxLanes
+  std::unordered_map<std::string, LocalLane*> lane_of_identity_;  // P: attached lanes
+  // D: lanes replaced while a poll round may still point at them; freed
+  // by SweepLanes at the end of the round.
+  std::vector<std::unique_ptr<LocalLane>> retired_lanes_;
   std::map<std::pair<uint32_t, uint32_t>, Conn> conns_;
   std::unordered_map<std::string, uint32_t> index_of_identity_;
   std::unordered_map<uint32_t, DPeer> dpeers_;   // by peer index

@@ -91,7 +91,7 @@ void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg
                                              : "it carries no MAC (no --auth-token-file?)"));
       // Answer with our own signed challenge all the same, so D can tell
       // its operator why (it fails to verify us, or sees we require auth).
-      SendFrame(router_, &identity, ReplyTo(identity, hs));
+      SendToD(identity, ReplyTo(identity, hs));
       return;
     }
     // A MAC that checks proves the token only together with a fresh
@@ -121,7 +121,7 @@ void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg
                             known->second == peer.index && it->second.peer == peer &&
                             it->second.registration == hs.registration;
     if (!registered) {
-      SendFrame(router_, &identity, ReplyTo(identity, hs));
+      SendToD(identity, ReplyTo(identity, hs));
       return;
     }
   }
@@ -151,7 +151,7 @@ void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg
     it->second.identity = identity;
   }
   index_of_identity_[identity] = peer.index;
-  SendFrame(router_, &identity, ReplyTo(identity, hs));
+  SendToD(identity, ReplyTo(identity, hs));
 }
 
 void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
@@ -189,6 +189,10 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
   const PeerId peer{hs.engine_id * kRanksPerEngine + hs.rank, hs.incarnation};
   if (c.known && peer.generation < c.peer.generation) return;  // stale
   if (!c.known || peer.generation > c.peer.generation) {
+    // A P incarnation we did not know: only hellos are in flight to it,
+    // so its frames can move to a lane now without passing each other. (A
+    // lane opened with the first hello stays; a restarted P needs a new one.)
+    if (c.known || c.lane == nullptr) OpenLane(c);
     if (c.known) Log("rank", "P engine %u rank %u restarted (incarnation %u → %u)", c.engine,
                      c.rank, c.peer.generation, peer.generation);
     conn_.SetPeer(c.engine, c.rank, peer, now);
@@ -223,7 +227,7 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
     c.peer_nonce = hs.nonce;
     // P takes our pulls only once we answered its challenge: answer it now,
     // ahead of any pull on this socket, when the peer is new or came back.
-    if (!was_up) SendFrame(c.sock, nullptr, HelloFor(c));
+    if (!was_up) SendToP(c, HelloFor(c));
   }
   NotifyKnown();
 }

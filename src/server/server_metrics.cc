@@ -10,9 +10,9 @@ namespace {
 enum Slot {
   kFramesIn, kFramesOut, kMalformed, kUnknownSender, kHandshakeRefused, kUnroutable,
   kHandshakes, kPeersDown, kPeersGone, kReconnects, kWritesOk, kWritesFailed, kBytesWritten,
-  kPullsSent, kAnswersReceived, kWritesInline, kSlots
+  kPullsSent, kAnswersReceived, kWritesInline, kLaneFramesOut, kLanesOpened, kLanesBroken, kSlots
 };
-static_assert(kSlots <= 16);
+static_assert(kSlots <= 20);
 const std::vector<double>& TransferBuckets() {
   static const std::vector<double> b = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                         0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
@@ -220,6 +220,14 @@ ServerMetrics::ServerMetrics() {
            C{"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", kBytesWritten},
            C{"kvrelay_pulls_sent_total", "pull items sent (D)", kPullsSent},
            C{"kvrelay_answers_received_total", "answers received (D)", kAnswersReceived},
+           C{"kvrelay_lane_frames_sent_total",
+             "of the control frames sent, those on a local lane (shm, same host)",
+             kLaneFramesOut},
+           C{"kvrelay_lanes_opened_total", "local lanes opened (D) or attached (P)",
+             kLanesOpened},
+           C{"kvrelay_lanes_broken_total",
+             "local lanes that broke (peer gone or bad frame); D falls back to ZeroMQ",
+             kLanesBroken},
        }) {
     const int slot = c.slot;
     counter(c.name, c.help, {}, [s, slot] { return s->counters[slot]; });
@@ -319,7 +327,8 @@ std::string ServerMetrics::Render(runtime::Node& node) {
         &c.frames_in,   &c.frames_out, &c.malformed, &c.unknown_sender, &c.handshake_refused,
         &c.unroutable,  &c.handshakes, &c.peers_down, &c.peers_gone,    &c.reconnects,
         &c.writes_ok,   &c.writes_failed, &c.bytes_written, &c.pulls_sent,
-        &c.answers_received, &c.writes_inline};
+        &c.answers_received, &c.writes_inline, &c.lane_frames_out, &c.lanes_opened,
+        &c.lanes_broken};
     for (int i = 0; i < kSlots; ++i) snap_.counters[i] += fields[i]->load();
     snap_.access[0] += c.auth_failed.load();
     snap_.access[1] += c.pulls_refused_unauthenticated.load();

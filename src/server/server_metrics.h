@@ -57,7 +57,7 @@ class ServerMetrics {
   struct Snapshot {
     engine::EngineSnapshot engine;
     std::vector<runtime::RankState> ranks;
-    uint64_t counters[16] = {};
+    uint64_t counters[20] = {};
     uint64_t transport[6] = {};
     uint64_t access[3] = {};  // auth_failed, refused unauthenticated, refused dst
     uint64_t over_limit[kWireLimitCount] = {};

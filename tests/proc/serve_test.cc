@@ -11,6 +11,8 @@
 //   HttpConnectionsTest      a burst of connections is accepted at once.
 //   AdminTest                pause/resume, sleep/wake_up, reset_prefix_cache,
 //                            update_weights.
+//   LocalLaneTest (shm)      control frames on the local lane, ZeroMQ without
+//                            it, garbage on P's lane.
 //   PeerDeathTest            P killed: D answers by --peer-dead-after-s.
 //   ShutdownTest             SIGTERM drains and exits 0.
 //   ShutdownUnderLoadTest    ... also while clients keep coming.
@@ -37,6 +39,7 @@
 
 #include "core/wire.h"
 #include "proc/harness.h"
+#include "runtime/local_lane.h"
 
 namespace kvrelay::proctest {
 namespace {
@@ -85,6 +88,17 @@ bool HasTransfer(const json& state, const char* table, const std::string& transf
 std::string EngineSummary(Engine& e) {
   json s = e.DebugState();
   return e.config().name + " /debug/state: " + (s.is_null() ? "(no answer)" : s.dump());
+}
+
+// A well-formed pull, as a sender that never handshook would send it.
+std::vector<uint8_t> StrangerPull() {
+  PullMsg pull;
+  pull.pull_seq = 2;
+  PullItem item;
+  item.transfer = TransferId{1, 2};
+  item.dst = {BlockId{0, 0}};
+  pull.items.push_back(item);
+  return EncodeWire(pull);
 }
 
 // One hand-off's two replies.
@@ -669,13 +683,7 @@ TEST_P(PdTest, MalformedWireMessages) {
     }
     // Well-formed but not allowed: a pull from a sender that never
     // handshook, a handshake whose KV layout is not P's.
-    PullMsg pull;
-    pull.pull_seq = 2;
-    PullItem item;
-    item.transfer = TransferId{1, 2};
-    item.dst = {BlockId{0, 0}};
-    pull.items.push_back(item);
-    ASSERT_TRUE(dealer.Send(EncodeWire(pull)));
+    ASSERT_TRUE(dealer.Send(StrangerPull()));
     HandshakeMsg hs;
     hs.engine_id = 4242;
     hs.incarnation = 1;
@@ -1103,6 +1111,119 @@ TEST_F(AdminTest, AbortOfARequestBeingSubmittedIsNotLost) {
   EXPECT_EQ(cb.finish_reason, "abort") << "the abort was lost: " << Describe(b);
   EXPECT_LT(cb.tokens.size(), 4u) << Describe(b);
   EXPECT_TRUE(WaitFor([&] { return e->IdleAndEmpty(); }, 10s)) << EngineSummary(*e);
+}
+
+// --- the local lane (shm) ------------------------------------------------------------
+
+class LocalLaneTest : public ServeFixture {
+ protected:
+  void Handoffs(int n) {
+    for (int i = 0; i < n; ++i) {
+      Handoff h = Sequential(RandomPrompt(rng_, 1 + rng_() % 200), 4);
+      CheckPrefillReply(h);
+      CheckDecodeReply(h);
+    }
+  }
+  double Metric(Engine& e, const char* name) { return MetricSum(e.Metrics(), name); }
+};
+
+// shm: D opens a lane to P at the first handshake and every control frame
+// either way takes it (hellos, pulls, answers); none breaks.
+TEST_F(LocalLaneTest, ShmControlFramesTakeTheLane) {
+  START_PAIR("shm", PairConfig{});
+  Handoffs(5);
+  for (Engine* e : {p_.get(), d_.get()}) {
+    SCOPED_TRACE(e->config().name);
+    EXPECT_EQ(Metric(*e, "kvrelay_lanes_opened_total"), 1);
+    EXPECT_GE(Metric(*e, "kvrelay_lane_frames_sent_total"), 6);  // the warm-up and 5 answers
+    EXPECT_EQ(Metric(*e, "kvrelay_lanes_broken_total"), 0);
+  }
+  ExpectBothIdle();
+  ExpectLoadsOk(6);
+}
+
+// With --no-local-lane on P, D finds no lane there and uses ZeroMQ; on D
+// alone, D does not look for one.
+TEST_F(LocalLaneTest, WithoutItOnEitherSideEverythingTakesZeroMQ) {
+  for (const bool on_p : {true, false}) {
+    SCOPED_TRACE(on_p ? "--no-local-lane on P" : "--no-local-lane on D");
+    PairConfig c;
+    (on_p ? c.p_extra : c.d_extra) = {"--no-local-lane"};
+    START_PAIR("shm", c);
+    Handoffs(3);
+    for (Engine* e : {p_.get(), d_.get()}) {
+      SCOPED_TRACE(e->config().name);
+      EXPECT_EQ(Metric(*e, "kvrelay_lanes_opened_total"), 0);
+      EXPECT_EQ(Metric(*e, "kvrelay_lane_frames_sent_total"), 0);
+      EXPECT_GE(Metric(*e, "kvrelay_control_frames_sent_total"), 4);
+    }
+    ExpectBothIdle();
+    d_.reset();
+    p_.reset();
+  }
+}
+
+// Garbage on P's lane is what garbage on its ROUTER is: dropped, counted,
+// and P keeps serving.
+TEST_F(LocalLaneTest, BadLaneInputIsCountedAndPKeepsServing) {
+  START_PAIR("shm", PairConfig{});
+  const std::string address = runtime::LaneAddress(p_->engine_id(), 0, p_->ctrl_port());
+  const double malformed0 = Metric(*p_, "kvrelay_control_frames_malformed_total");
+  const double unknown0 = Metric(*p_, "kvrelay_control_unknown_sender_total");
+  const double broken0 = Metric(*p_, "kvrelay_lanes_broken_total");
+  auto connect = [&] {
+    auto lane = runtime::LocalLane::Connect(address, {});
+    EXPECT_TRUE(lane.ok()) << lane.status().ToString();
+    return lane.ok() ? std::move(*lane) : nullptr;
+  };
+  // A first frame that is not an attach: P closes the lane.
+  auto no_attach = connect();
+  ASSERT_NE(no_attach, nullptr);
+  using runtime::LocalLane;
+  ASSERT_EQ(no_attach->Send(EncodeWire(HeartbeatMsg{7, 1})), LocalLane::SendResult::kSent);
+  // An attach, then undecodable frames and a pull from an identity that
+  // never handshook.
+  auto junk = connect();
+  ASSERT_NE(junk, nullptr);
+  ASSERT_EQ(junk->Send(runtime::LaneAttachFrame("4242:0:1")), LocalLane::SendResult::kSent);
+  std::vector<uint8_t> random(64);
+  for (auto& b : random) b = static_cast<uint8_t>(rng_());
+  random[0] ^= 0x80;  // never the magic
+  ASSERT_EQ(junk->Send(random), LocalLane::SendResult::kSent);
+  ASSERT_EQ(junk->Send({}), LocalLane::SendResult::kSent);
+  ASSERT_EQ(junk->Send(StrangerPull()), LocalLane::SendResult::kSent);
+  // A length over max_frame_bytes (16 MiB): P breaks the lane.
+  auto huge = connect();
+  ASSERT_NE(huge, nullptr);
+  ASSERT_EQ(huge->Send(runtime::LaneAttachFrame("4243:0:1")), LocalLane::SendResult::kSent);
+  // (P may close the lane on reading the length, before the body is sent.)
+  ASSERT_NE(huge->Send(std::vector<uint8_t>((16u << 20) + 64, 0xAB)),
+            LocalLane::SendResult::kQueueFull);
+  for (int i = 0; i < 1000 && huge->wants_write() && !huge->broken(); ++i) {
+    huge->Flush();
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return Metric(*p_, "kvrelay_control_frames_malformed_total") - malformed0 >= 3 &&
+               Metric(*p_, "kvrelay_control_unknown_sender_total") - unknown0 >= 1 &&
+               Metric(*p_, "kvrelay_lanes_broken_total") - broken0 >= 2;
+      },
+      5s))
+      << "malformed +" << Metric(*p_, "kvrelay_control_frames_malformed_total") - malformed0
+      << ", unknown sender +" << Metric(*p_, "kvrelay_control_unknown_sender_total") - unknown0
+      << ", lanes broken +" << Metric(*p_, "kvrelay_lanes_broken_total") - broken0;
+  // P closed the lanes it broke: reading them finds the end.
+  for (auto* lane : {no_attach.get(), huge.get()}) {
+    for (int i = 0; i < 500 && !lane->broken(); ++i) {
+      lane->Read([](const uint8_t*, size_t) {});
+      std::this_thread::sleep_for(2ms);
+    }
+    EXPECT_TRUE(lane->broken());
+  }
+  Handoffs(3);
+  EXPECT_EQ(Metric(*d_, "kvrelay_lanes_broken_total"), 0);
+  ExpectBothIdle();
 }
 
 // --- P dies ---------------------------------------------------------------------------------
