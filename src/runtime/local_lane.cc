@@ -90,8 +90,8 @@ void LocalLane::Break(std::string why) {
   out_.clear();
   out_bytes_ = 0;
   out_offset_ = 0;
-  in_.clear();
-  in_start_ = 0;
+  // in_ stays as it is: Break may run inside Read's on_frame, which was
+  // handed a pointer into it.
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
 }

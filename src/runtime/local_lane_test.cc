@@ -161,6 +161,28 @@ TEST(LocalLane, ReadStopsAtMaxFramesAndSaysWhatIsBuffered) {
   EXPECT_FALSE(pair.p->has_buffered_frame());
 }
 
+TEST(LocalLane, BreakingInsideTheFrameCallbackEndsTheRead) {
+  Pair pair = Connect("break-inside");
+  for (uint8_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(pair.d->Send(Frame(16, i)), LocalLane::SendResult::kSent);
+  }
+  std::vector<std::vector<uint8_t>> got;
+  for (int spins = 0; got.empty() && spins < 1000; ++spins) {
+    pollfd pfd{pair.p->fd(), POLLIN, 0};
+    poll(&pfd, 1, 10);
+    pair.p->Read([&](const uint8_t* d, size_t n) {
+      got.emplace_back(d, d + n);
+      pair.p->Break("a bad frame");
+      EXPECT_EQ(std::vector<uint8_t>(d, d + n), Frame(16, 0));  // still readable
+    });
+  }
+  EXPECT_EQ(got.size(), 1u);
+  EXPECT_TRUE(pair.p->broken());
+  EXPECT_EQ(pair.p->why_broken(), "a bad frame");
+  EXPECT_FALSE(pair.p->has_buffered_frame());
+  EXPECT_EQ(pair.p->Read([&](const uint8_t*, size_t) { ADD_FAILURE(); }), 0u);
+}
+
 TEST(LaneListener, AnAddressIsBoundOnceAndAMissingOneRefusesConnect) {
   auto first = LaneListener::Bind(UniqueAddress("twice"));
   ASSERT_TRUE(first.ok());

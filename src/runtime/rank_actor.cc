@@ -241,6 +241,7 @@ void RankActor::Loop() {
       polled.push_back({Polled::kListener});
     }
     for (auto& l : d_lanes_) {
+      if (l->broken()) continue;  // broken since the last sweep; goes at the next
       items.push_back(zmq_pollitem_t{nullptr, l->fd(), lane_events(*l), 0});
       polled.push_back({Polled::kDLane, l.get()});
       buffered |= l->has_buffered_frame();
@@ -248,7 +249,7 @@ void RankActor::Loop() {
     for (auto& [key, c] : conns_) {
       items.push_back(zmq_pollitem_t{c.sock, 0, ZMQ_POLLIN, 0});
       polled.push_back({Polled::kDealer, nullptr, &c});
-      if (c.lane != nullptr) {
+      if (c.lane != nullptr && !c.lane->broken()) {
         items.push_back(zmq_pollitem_t{nullptr, c.lane->fd(), lane_events(*c.lane), 0});
         polled.push_back({Polled::kPLane, c.lane.get(), &c});
         buffered |= c.lane->has_buffered_frame();
