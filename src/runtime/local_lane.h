@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "base/time.h"
 
 namespace kvrelay::runtime {
 
@@ -89,9 +90,13 @@ class LocalLane {
   // Breaks the lane now (closes the socket).
   void Break(std::string why);
 
-  // P side: the routing id the attach frame named ("" until it came).
+  // P side: the routing id the attach frame named ("" until it came), and
+  // when a lane still without one is closed (so idle connections cannot
+  // hold the listener's slots).
   const std::string& identity() const { return identity_; }
   void set_identity(std::string id) { identity_ = std::move(id); }
+  Instant attach_deadline() const { return attach_deadline_; }
+  void set_attach_deadline(Instant t) { attach_deadline_ = t; }
 
  private:
   int fd_ = -1;
@@ -99,6 +104,7 @@ class LocalLane {
   bool broken_ = false;
   std::string why_;
   std::string identity_;
+  Instant attach_deadline_;
   std::deque<std::vector<uint8_t>> out_;  // each with its 4-byte length
   size_t out_bytes_ = 0;
   size_t out_offset_ = 0;                 // bytes of out_.front() written

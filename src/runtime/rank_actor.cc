@@ -511,6 +511,11 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
 
 void RankActor::Heartbeat(Instant now) {
   next_heartbeat_ = now + options_.heartbeat;
+  for (auto& l : d_lanes_) {
+    if (!l->broken() && l->identity().empty() && now >= l->attach_deadline()) {
+      l->Break("no attach within " + std::to_string(options_.peer_down_after.millis()) + " ms");
+    }
+  }
   if (conns_.empty()) return;
   for (auto& [key, c] : conns_) {
     SendToP(c, HelloFor(c));
@@ -603,6 +608,7 @@ void RankActor::AcceptLanes() {
       continue;
     }
     d_lanes_.push_back(std::make_unique<LocalLane>(fd, LaneLimitsFor(options_)));
+    d_lanes_.back()->set_attach_deadline(MonoNow() + options_.peer_down_after);
   }
 }
 

@@ -1176,6 +1176,10 @@ TEST_F(LocalLaneTest, BadLaneInputIsCountedAndPKeepsServing) {
     EXPECT_TRUE(lane.ok()) << lane.status().ToString();
     return lane.ok() ? std::move(*lane) : nullptr;
   };
+  // A connection that never attaches: P closes it after peer_down_after (3 s).
+  auto idle = connect();
+  ASSERT_NE(idle, nullptr);
+  const auto idle_since = Clock::now();
   // A first frame that is not an attach: P closes the lane.
   auto no_attach = connect();
   ASSERT_NE(no_attach, nullptr);
@@ -1221,6 +1225,17 @@ TEST_F(LocalLaneTest, BadLaneInputIsCountedAndPKeepsServing) {
     }
     EXPECT_TRUE(lane->broken());
   }
+  for (int i = 0; i < 3000 && !idle->broken(); ++i) {
+    idle->Read([](const uint8_t*, size_t) {});
+    std::this_thread::sleep_for(2ms);
+  }
+  EXPECT_TRUE(idle->broken()) << "P kept a lane that never attached";
+  const double idle_s = SecondsSince(idle_since);
+  std::printf("[info] P closed the lane that never attached after %.2f s\n", idle_s);
+  EXPECT_GE(idle_s, 2.5);
+  // (P counts a broken lane when it sweeps, at its next loop turn.)
+  EXPECT_TRUE(WaitFor([&] { return Metric(*p_, "kvrelay_lanes_broken_total") - broken0 >= 3; }, 2s))
+      << "lanes broken +" << Metric(*p_, "kvrelay_lanes_broken_total") - broken0;
   Handoffs(3);
   EXPECT_EQ(Metric(*d_, "kvrelay_lanes_broken_total"), 0);
   ExpectBothIdle();
