@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -18,7 +19,8 @@ namespace {
 constexpr char kAttachMagic[] = "KVLANE1:";
 constexpr size_t kAttachMagicLen = sizeof kAttachMagic - 1;
 constexpr size_t kMaxRoutingId = 255;
-constexpr size_t kReadChunk = 256 * 1024;
+constexpr size_t kReadChunk = 256 * 1024;  // the buffer's first size, and each growth's least
+constexpr size_t kMinRoom = 64 * 1024;     // a recv gets at least this much room
 
 // The abstract-namespace address for `name` (no file on disk; it goes away
 // with the socket).
@@ -135,12 +137,30 @@ void LocalLane::Flush() {
   }
 }
 
+namespace {
+
+uint32_t FrameLength(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+}  // namespace
+
 bool LocalLane::has_buffered_frame() const {
-  if (broken_ || in_.size() - in_start_ < 4) return false;
-  const uint8_t* p = in_.data() + in_start_;
-  const uint32_t n = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-                     uint32_t{p[3]} << 24;
-  return n > limits_.max_frame_bytes || in_.size() - in_start_ - 4 >= n;
+  if (broken_ || in_end_ - in_start_ < 4) return false;
+  const uint32_t n = FrameLength(in_.data() + in_start_);
+  return n > limits_.max_frame_bytes || in_end_ - in_start_ - 4 >= n;
+}
+
+void LocalLane::MakeRoomToRead() {
+  if (in_.size() - in_end_ >= kMinRoom) return;
+  if (in_start_ > 0) {  // never inside a callback: Read calls this first
+    std::memmove(in_.data(), in_.data() + in_start_, in_end_ - in_start_);
+    in_end_ -= in_start_;
+    in_start_ = 0;
+  }
+  if (in_.size() - in_end_ < kMinRoom) {
+    in_.resize(std::max(2 * in_.size(), in_end_ + kReadChunk));  // zero-fills: only to grow
+  }
 }
 
 size_t LocalLane::Read(const std::function<void(const uint8_t*, size_t)>& on_frame,
@@ -149,46 +169,41 @@ size_t LocalLane::Read(const std::function<void(const uint8_t*, size_t)>& on_fra
   bool eof = false;
   // Read what is there (bounded, so one busy peer cannot hold the loop).
   for (size_t total = 0; !broken_ && total < 16 * kReadChunk;) {
-    const size_t old = in_.size();
-    in_.resize(old + kReadChunk);
-    const ssize_t r = recv(fd_, in_.data() + old, kReadChunk, MSG_DONTWAIT);
+    MakeRoomToRead();
+    const ssize_t r = recv(fd_, in_.data() + in_end_, in_.size() - in_end_, MSG_DONTWAIT);
     if (r < 0) {
-      in_.resize(old);
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       Break(Errno("recv"));
       return delivered;
     }
-    in_.resize(old + static_cast<size_t>(r));
     if (r == 0) {
       eof = true;
       break;
     }
+    in_end_ += static_cast<size_t>(r);
     total += static_cast<size_t>(r);
   }
   // At EOF every whole frame is delivered now: nothing will wake us later.
   const size_t limit = eof ? SIZE_MAX : max_frames;
-  while (!broken_ && delivered < limit && in_.size() - in_start_ >= 4) {
+  while (!broken_ && delivered < limit && in_end_ - in_start_ >= 4) {
     const uint8_t* p = in_.data() + in_start_;
-    const uint32_t n = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-                       uint32_t{p[3]} << 24;
+    const uint32_t n = FrameLength(p);
     if (n > limits_.max_frame_bytes) {
       Break("a frame of " + std::to_string(n) + " bytes is over the limit (max_frame_bytes " +
             std::to_string(limits_.max_frame_bytes) + ")");
       return delivered;
     }
-    if (in_.size() - in_start_ - 4 < n) break;
+    if (in_end_ - in_start_ - 4 < n) break;
     in_start_ += 4 + n;
     ++delivered;
-    on_frame(p + 4, n);  // may Send on this lane; never destroys it
+    on_frame(p + 4, n);  // may Send on this lane or Break it; never destroys it
   }
   if (broken_) return delivered;
-  if (in_start_ == in_.size()) {
-    in_.clear();
-    in_start_ = 0;
-  } else if (in_start_ > kReadChunk) {
-    in_.erase(in_.begin(), in_.begin() + static_cast<ptrdiff_t>(in_start_));
-    in_start_ = 0;
+  if (in_start_ == in_end_) {
+    in_start_ = in_end_ = 0;
+    // A large frame grew the buffer: give the memory back once it is empty.
+    if (in_.size() > 4 * kReadChunk) std::vector<uint8_t>().swap(in_);
   }
   if (eof) Break("closed by the peer");
   return delivered;

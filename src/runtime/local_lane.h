@@ -99,6 +99,10 @@ class LocalLane {
   void set_attach_deadline(Instant t) { attach_deadline_ = t; }
 
  private:
+  // Leaves at least kMinRoom bytes free after in_end_ (moves the unread
+  // bytes to the front first, grows in_ only if that is not enough).
+  void MakeRoomToRead();
+
   int fd_ = -1;
   const LaneLimits limits_;
   bool broken_ = false;
@@ -108,8 +112,10 @@ class LocalLane {
   std::deque<std::vector<uint8_t>> out_;  // each with its 4-byte length
   size_t out_bytes_ = 0;
   size_t out_offset_ = 0;                 // bytes of out_.front() written
-  std::vector<uint8_t> in_;               // bytes read, not yet a whole frame
-  size_t in_start_ = 0;
+  // Bytes read: [in_start_, in_end_) not yet delivered. in_'s size is its
+  // capacity (grown, never zero-filled on the hot path).
+  std::vector<uint8_t> in_;
+  size_t in_start_ = 0, in_end_ = 0;
 };
 
 // P side: the listening socket.

@@ -95,6 +95,30 @@ TEST(LocalLane, AFrameLargerThanTheSocketBufferGoesOutInPieces) {
   EXPECT_FALSE(pair.d->wants_write());
 }
 
+// Frames of many sizes (some larger than a read's room, some crossing the
+// buffer's end), read a few at a time: the buffer compacts and grows under
+// them and every frame arrives whole and in order.
+TEST(LocalLane, FramesAcrossTheReadBuffersEdgesArriveWhole) {
+  Pair pair = Connect("edges");
+  std::vector<std::vector<uint8_t>> sent, got;
+  for (uint32_t i = 0; i < 600; ++i) {
+    const size_t size = i % 50 == 7 ? 700'000 + i : 1 + (i * 7919u) % 70'000;
+    sent.push_back(Frame(size, static_cast<uint8_t>(i)));
+  }
+  size_t next = 0;
+  for (int spins = 0; got.size() < sent.size() && !pair.p->broken() && spins < 200000; ++spins) {
+    while (next < sent.size() && pair.d->queued_frames() < 8) {
+      ASSERT_EQ(pair.d->Send(sent[next++]), LocalLane::SendResult::kSent);
+    }
+    pair.d->Flush();
+    pollfd pfd{pair.p->fd(), POLLIN, 0};
+    poll(&pfd, 1, 1);
+    pair.p->Read([&](const uint8_t* d, size_t n) { got.emplace_back(d, d + n); }, 3);
+  }
+  ASSERT_EQ(got.size(), sent.size());
+  for (size_t i = 0; i < sent.size(); ++i) ASSERT_EQ(got[i], sent[i]) << "frame " << i;
+}
+
 TEST(LocalLane, TheQueueIsBounded) {
   LaneLimits limits;
   limits.max_bytes = 5u << 20;
