@@ -654,7 +654,11 @@ void RankActor::SweepLanes() {
     if (!l->broken()) continue;
     auto it = lane_of_identity_.find(l->identity());
     if (it != lane_of_identity_.end() && it->second == l.get()) lane_of_identity_.erase(it);
-    if (l->why_broken() != "closed by the peer") note(*l, "from D " + l->identity());
+    if (l->why_broken() == "closed by the peer") {
+      ++counters_.lanes_broken;  // a D rank went away: counted, not logged
+    } else {
+      note(*l, "from D " + l->identity());
+    }
   }
   d_lanes_.erase(std::remove_if(d_lanes_.begin(), d_lanes_.end(), broken), d_lanes_.end());
 }
