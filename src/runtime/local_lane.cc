@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "net/byte_codec.h"
 
 namespace kvrelay::runtime {
 
@@ -105,11 +106,7 @@ LocalLane::SendResult LocalLane::Send(const std::vector<uint8_t>& frame) {
   }
   KV_CHECK(frame.size() <= UINT32_MAX);
   std::vector<uint8_t> f(frame.size() + 4);
-  const uint32_t n = static_cast<uint32_t>(frame.size());
-  f[0] = static_cast<uint8_t>(n);
-  f[1] = static_cast<uint8_t>(n >> 8);
-  f[2] = static_cast<uint8_t>(n >> 16);
-  f[3] = static_cast<uint8_t>(n >> 24);
+  net::PutLe(f.data(), frame.size(), 4);
   std::memcpy(f.data() + 4, frame.data(), frame.size());
   out_bytes_ += f.size();
   out_.push_back(std::move(f));
@@ -139,9 +136,7 @@ void LocalLane::Flush() {
 
 namespace {
 
-uint32_t FrameLength(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
+uint32_t FrameLength(const uint8_t* p) { return static_cast<uint32_t>(net::GetLe(p, 4)); }
 
 }  // namespace
 
@@ -205,7 +200,10 @@ size_t LocalLane::Read(const std::function<void(const uint8_t*, size_t)>& on_fra
     // A large frame grew the buffer: give the memory back once it is empty.
     if (in_.size() > 4 * kReadChunk) std::vector<uint8_t>().swap(in_);
   }
-  if (eof) Break("closed by the peer");
+  if (eof) {
+    peer_closed_ = true;
+    Break("closed by the peer");
+  }
   return delivered;
 }
 

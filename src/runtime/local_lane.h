@@ -71,6 +71,8 @@ class LocalLane {
   int fd() const { return fd_; }
   bool broken() const { return broken_; }
   const std::string& why_broken() const { return why_; }
+  // Broken because the peer closed its end (EOF), not for a fault.
+  bool peer_closed() const { return peer_closed_; }
   // True while frames wait for the socket to take them (poll for POLLOUT).
   bool wants_write() const { return !out_.empty(); }
   size_t queued_frames() const { return out_.size(); }
@@ -106,6 +108,7 @@ class LocalLane {
   int fd_ = -1;
   const LaneLimits limits_;
   bool broken_ = false;
+  bool peer_closed_ = false;
   std::string why_;
   std::string identity_;
   Instant attach_deadline_;

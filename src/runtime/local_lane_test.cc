@@ -152,6 +152,7 @@ TEST(LocalLane, FramesSentBeforeAClosePassThenTheLaneBreaks) {
   EXPECT_EQ(got.size(), 2u);
   EXPECT_TRUE(pair.p->broken());
   EXPECT_EQ(pair.p->why_broken(), "closed by the peer");
+  EXPECT_TRUE(pair.p->peer_closed());
   EXPECT_EQ(pair.p->Send(Frame(1, 1)), LocalLane::SendResult::kBroken);
 }
 
@@ -203,6 +204,7 @@ TEST(LocalLane, BreakingInsideTheFrameCallbackEndsTheRead) {
   EXPECT_EQ(got.size(), 1u);
   EXPECT_TRUE(pair.p->broken());
   EXPECT_EQ(pair.p->why_broken(), "a bad frame");
+  EXPECT_FALSE(pair.p->peer_closed());
   EXPECT_FALSE(pair.p->has_buffered_frame());
   EXPECT_EQ(pair.p->Read([&](const uint8_t*, size_t) { ADD_FAILURE(); }), 0u);
 }

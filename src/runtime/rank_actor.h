@@ -276,6 +276,8 @@ class RankActor {
   std::optional<bool> SendOnLane(LocalLane& lane, const std::vector<uint8_t>& frame);
   bool LaneEnabled() const;
   std::string RoutingId() const;
+  void ListenForLanes();                    // P, at Start
+  void CloseUnattachedLanes(Instant now);   // P, each heartbeat
   // D: opens a lane to `c`'s P rank (quietly nothing if it has none).
   void OpenLane(Conn& c);
   void AcceptLanes();                 // P

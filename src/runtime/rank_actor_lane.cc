@@ -1,0 +1,186 @@
+// rank_actor_lane.cc — RankActor's local lanes (shm): P's listener and the
+// lanes it accepted, D's lane to each P rank, and the two send paths that
+// prefer a lane to ZeroMQ.
+//
+// Why a file of its own: rank_actor.cc is the loop and the frames; this is
+// the one place that decides which path a control frame takes and when a
+// lane opens, attaches or is dropped. The rules (docs/wire.md, "The local
+// lane"): D opens a lane only before a P incarnation is known, so frames on
+// the two paths never pass each other; a broken lane sends D back to
+// ZeroMQ; P answers a routing id on its lane while it has one.
+//
+// Thread safety: the rank's thread only, as every RankActor handler.
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/clock.h"
+#include "runtime/log.h"
+#include "runtime/rank_actor.h"
+
+namespace kvrelay::runtime {
+
+namespace {
+
+constexpr size_t kMaxLanes = 1024;  // P: lanes accepted at once
+
+LaneLimits LaneLimitsFor(const RankActorOptions& o) {
+  LaneLimits l;
+  l.max_frame_bytes = o.limits.max_frame_bytes;
+  l.max_frames = static_cast<size_t>(std::max(o.socket_hwm, 1));
+  return l;
+}
+
+}  // namespace
+
+void RankActor::ListenForLanes() {
+  if (!LaneEnabled()) return;
+  const std::string name =
+      LaneAddress(options_.engine_id, options_.rank, options_.ctrl_port + options_.rank);
+  auto listener = LaneListener::Bind(name);
+  if (listener.ok()) {
+    lane_listener_ = std::move(*listener);
+  } else {
+    Log("rank", "rank %u: no local lane (@%s: %s); D ranks use ZeroMQ", options_.rank,
+        name.c_str(), listener.status().message().c_str());
+  }
+}
+
+void RankActor::CloseUnattachedLanes(Instant now) {
+  for (auto& l : d_lanes_) {
+    if (!l->broken() && l->identity().empty() && now >= l->attach_deadline()) {
+      l->Break("no attach within " + std::to_string(options_.peer_down_after.millis()) + " ms");
+    }
+  }
+}
+
+bool RankActor::LaneEnabled() const {
+  return options_.local_lane && transport_->kind() == net::TransportKind::kShm;
+}
+
+std::string RankActor::RoutingId() const {
+  return std::to_string(options_.engine_id) + ":" + std::to_string(options_.rank) + ":" +
+         std::to_string(options_.incarnation);
+}
+
+void RankActor::OpenLane(Conn& c) {
+  if (!LaneEnabled()) return;
+  if (c.lane != nullptr) {
+    // A new P incarnation: the old process's lane is dead or dying.
+    c.lane->Break("P restarted");
+    ++counters_.lanes_broken;
+    retired_lanes_.push_back(std::move(c.lane));
+  }
+  auto lane = LocalLane::Connect(LaneAddress(c.engine, c.rank, c.port), LaneLimitsFor(options_));
+  if (!lane.ok()) return;  // P not up yet, another host, or no lane: ZeroMQ
+  c.lane = std::move(*lane);
+  if (c.lane->Send(LaneAttachFrame(RoutingId())) != LocalLane::SendResult::kSent) {
+    retired_lanes_.push_back(std::move(c.lane));
+    return;
+  }
+  ++counters_.lanes_opened;
+}
+
+void RankActor::AcceptLanes() {
+  for (int n = 0; n < 64; ++n) {
+    const int fd = lane_listener_->Accept();
+    if (fd < 0) return;
+    if (d_lanes_.size() >= kMaxLanes) {
+      close(fd);
+      LogOnce("rank", "lanes_full",
+              "rank " + std::to_string(options_.rank) + ": refused a local lane: " +
+                  std::to_string(kMaxLanes) + " open; that D rank uses ZeroMQ");
+      continue;
+    }
+    d_lanes_.push_back(std::make_unique<LocalLane>(fd, LaneLimitsFor(options_)));
+    d_lanes_.back()->set_attach_deadline(MonoNow() + options_.peer_down_after);
+  }
+}
+
+void RankActor::ReadDLane(LocalLane& lane) {
+  lane.Read([this, &lane](const uint8_t* data, size_t size) {
+    if (lane.identity().empty()) {
+      std::optional<std::string> id = ParseLaneAttach(data, size);
+      if (!id) {
+        ++counters_.malformed;
+        lane.Break("its first frame is not an attach");
+        return;
+      }
+      auto it = lane_of_identity_.find(*id);
+      if (it != lane_of_identity_.end() && it->second != &lane) {
+        it->second->Break("replaced by a newer lane of the same D rank");
+      }
+      lane_of_identity_[*id] = &lane;
+      lane.set_identity(std::move(*id));
+      ++counters_.lanes_opened;
+      return;
+    }
+    OnFrame(&lane.identity(), nullptr, data, size);
+  });
+}
+
+void RankActor::SweepLanes() {
+  auto note = [this](const LocalLane& l, const std::string& who) {
+    ++counters_.lanes_broken;
+    LogOnce("rank", "lane_broken:" + l.why_broken(),
+            "rank " + std::to_string(options_.rank) + ": local lane " + who + " broke (" +
+                l.why_broken() + "); its frames go over ZeroMQ");
+  };
+  for (auto& [key, c] : conns_) {
+    if (c.lane != nullptr && c.lane->broken()) {
+      note(*c.lane, "to " + c.endpoint);
+      retired_lanes_.push_back(std::move(c.lane));
+    }
+  }
+  retired_lanes_.clear();
+  auto broken = [](const std::unique_ptr<LocalLane>& l) { return l->broken(); };
+  if (std::none_of(d_lanes_.begin(), d_lanes_.end(), broken)) return;
+  for (auto& l : d_lanes_) {
+    if (!l->broken()) continue;
+    auto it = lane_of_identity_.find(l->identity());
+    if (it != lane_of_identity_.end() && it->second == l.get()) lane_of_identity_.erase(it);
+    if (l->peer_closed()) {
+      ++counters_.lanes_broken;  // a D rank went away: counted, not logged
+    } else {
+      note(*l, "from D " + l->identity());
+    }
+  }
+  d_lanes_.erase(std::remove_if(d_lanes_.begin(), d_lanes_.end(), broken), d_lanes_.end());
+}
+
+std::optional<bool> RankActor::SendOnLane(LocalLane& lane, const std::vector<uint8_t>& frame) {
+  switch (lane.Send(frame)) {
+    case LocalLane::SendResult::kSent:
+      ++counters_.frames_out;
+      ++counters_.lane_frames_out;
+      return true;
+    case LocalLane::SendResult::kQueueFull:
+      ++counters_.unroutable;  // as a ZeroMQ socket at its high-water mark
+      return false;
+    case LocalLane::SendResult::kBroken:
+      break;
+  }
+  return std::nullopt;
+}
+
+bool RankActor::SendToD(const std::string& identity, const std::vector<uint8_t>& frame) {
+  auto it = lane_of_identity_.find(identity);
+  if (it != lane_of_identity_.end()) {
+    if (std::optional<bool> sent = SendOnLane(*it->second, frame)) return *sent;
+    // Broken: D went away or falls back to its DEALER, if any.
+  }
+  return SendFrame(router_, &identity, frame);
+}
+
+bool RankActor::SendToP(Conn& c, const std::vector<uint8_t>& frame) {
+  if (c.lane != nullptr) {
+    if (std::optional<bool> sent = SendOnLane(*c.lane, frame)) return *sent;
+    // Broken: P gone or closed it; ZeroMQ from here on (SweepLanes).
+  }
+  return SendFrame(c.sock, nullptr, frame);
+}
+
+}  // namespace kvrelay::runtime
