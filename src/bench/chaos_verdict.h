@@ -49,7 +49,7 @@ struct EngineEnd {
   uint64_t pulls_received = 0, pulls_answered = 0;  // P, its current incarnation; resent
                                                     // pulls counted once
   uint64_t loads_failed = 0;   // D: loads that failed (recomputed), current incarnation
-  uint64_t lanes_opened = 0;   // shm: local lanes opened (D) or attached (P), current incarnation
+  uint64_t lanes_opened = 0;   // local lanes opened (D) or attached (P), current incarnation
 };
 
 struct ChaosMeasure {

@@ -118,7 +118,7 @@ void RegisterTransferBench(CLI::App* bench) {
                   "hand-off; -1: their default)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 20));
   cmd->add_flag("--no-local-lane", [o](int64_t) { o->local_lane = false; },
-                "the engines' --no-local-lane: shm control frames over ZeroMQ only (for an "
+                "the engines' --no-local-lane: control frames over ZeroMQ only (for an "
                 "A/B against the local lane)");
   cmd->add_option("--control-nice", o->control_nice,
                   "the engines' --control-nice: the control path's threads preempt bulk work "

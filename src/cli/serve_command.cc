@@ -258,9 +258,10 @@ void RegisterServe(CLI::App& app) {
                 "default an abort of an open leg, from abort_requests or a client gone, "
                 "also goes straight to the ranks, so a waiting D is answered at once)");
   cmd->add_flag("--no-local-lane", o->no_local_lane,
-                "shm: keep control frames between this host's P and D ranks on ZeroMQ (by "
-                "default they take a Unix socket the rank threads poll themselves: two "
-                "thread wake-ups a pull instead of six; docs/performance.md)");
+                "keep control frames between this host's P and D ranks on ZeroMQ (by "
+                "default they take a Unix socket the rank threads poll themselves, with any "
+                "--transport, when P's host is local: two thread wake-ups a pull instead of "
+                "six; docs/wire.md)");
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS (default: UCX's choice)");

@@ -7,11 +7,11 @@
 // rank), and on a 2-vCPU host each wake-up of a thread that slept costs
 // 50–200 µs. Over a Unix socket polled by the rank threads themselves the
 // pull crosses two (docs/performance.md, "A local lane"). It is used only
-// where the data plane is already local (shm: P writes D's memory, so both
-// share the host); handshakes, heartbeats and incarnations are unchanged,
+// where D knows P shares its host (shm: P writes D's memory; tcp, ucx: P's
+// control host is a local address, runtime/local_host.h); handshakes, heartbeats and incarnations are unchanged,
 // they travel on the lane like every other frame once it is open.
 //
-// Protocol (docs/wire.md, "Local lane"): D connects to
+// Protocol (docs/wire.md, "The local lane"): D connects to
 // LaneAddress(P engine, P rank, P's control port) and sends one attach
 // frame, "KVLANE1:" + its ZeroMQ routing id; P then treats the lane as
 // that routing id's route (frames in are as if from its DEALER, frames to

@@ -37,7 +37,7 @@ struct NodeOptions {
   uint16_t ctrl_port = 0;                  // rank r of a P engine binds ctrl_port + r
   uint32_t num_workers = 4;                // writes (reads, in read mode) in flight per rank
   uint64_t inline_write_bytes = 1 << 20;   // shm: smaller writes run on the rank's thread
-  bool local_lane = true;                  // shm: control frames on a Unix socket
+  bool local_lane = true;                  // same-host control frames on a Unix socket
   KvMode kv_mode = KvMode::kPush;          // push: P writes; read: D reads under a lease
   Duration lease = Duration::Seconds(30);            // read mode: initial lease (P)
   Duration lease_extension = Duration::Seconds(20);  // read mode: per heartbeat (P)

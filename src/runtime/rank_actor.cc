@@ -468,6 +468,7 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   c.rank = rank;
   c.port = uint32_t{port} + rank;
   c.endpoint = Endpoint(host, c.port);
+  c.same_host = SameHost(host);
   c.sock = zmq_socket(zmq_, ZMQ_DEALER);
   const int zero = 0;
   zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);

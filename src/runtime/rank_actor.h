@@ -24,8 +24,9 @@
 // `peer_dead_after` declares it gone (PeerGone: its loads fail now, and
 // recompute or fail by policy, instead of waiting out the timeout).
 //
-// Local lane (shm only, `local_lane`): P also listens on a Unix socket
-// (runtime/local_lane.h) and a D rank that reaches it sends every frame
+// Local lane (`local_lane`): P also listens on a Unix socket
+// (runtime/local_lane.h) and a D rank on the same host (shm, or a P whose
+// control host is local: runtime/local_host.h) that reaches it sends every frame
 // for that P rank there instead of its DEALER, handshakes included; P
 // answers an identity on its lane while it has one. The lane is opened
 // only before a P incarnation is known (at the first handshake, or a
@@ -117,9 +118,9 @@ struct RankActorOptions {
   Duration peer_down_after = Duration::Seconds(3);
   Duration peer_dead_after = Duration::Seconds(10);
   int socket_hwm = 100000;             // ZeroMQ high-water mark, each way
-  // shm: control frames between the same host's ranks go over a Unix
-  // socket polled by the rank threads (two thread wake-ups a pull, not
-  // six). false: ZeroMQ only.
+  // Control frames between the same host's ranks (any transport) go over a
+  // Unix socket polled by the rank threads (two thread wake-ups a pull,
+  // not six). false: ZeroMQ only.
   bool local_lane = true;
   int thread_nice = 0;                 // the actor thread's nice value; 0: inherited
   int thread_slice_us = 0;             // the actor thread's EEVDF slice; 0: inherited
@@ -225,7 +226,8 @@ class RankActor {
     uint32_t port = 0;  // P rank's control port (ctrl_port + rank)
     std::string endpoint;
     void* sock = nullptr;
-    std::unique_ptr<LocalLane> lane;  // shm: the same-host path, when open
+    bool same_host = false;           // shm, or P's control host is this one
+    std::unique_ptr<LocalLane> lane;  // the same-host path, when open
     bool known = false;
     PeerId peer;
     enum State : uint8_t { kConnecting, kUp, kDown, kGone } state = kConnecting;
@@ -275,6 +277,8 @@ class RankActor {
   // true: sent; false: dropped (queue full); nullopt: the lane is broken.
   std::optional<bool> SendOnLane(LocalLane& lane, const std::vector<uint8_t>& frame);
   bool LaneEnabled() const;
+  // D: may a P rank whose control endpoint is at `host` be on this host?
+  bool SameHost(const std::string& host) const;
   std::string RoutingId() const;
   void ListenForLanes();                    // P, at Start
   void CloseUnattachedLanes(Instant now);   // P, each heartbeat

@@ -1,4 +1,4 @@
-// rank_actor_lane.cc — RankActor's local lanes (shm): P's listener and the
+// rank_actor_lane.cc — RankActor's local lanes: P's listener and the
 // lanes it accepted, D's lane to each P rank, and the two send paths that
 // prefer a lane to ZeroMQ.
 //
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/clock.h"
+#include "runtime/local_host.h"
 #include "runtime/log.h"
 #include "runtime/rank_actor.h"
 
@@ -57,8 +58,11 @@ void RankActor::CloseUnattachedLanes(Instant now) {
   }
 }
 
-bool RankActor::LaneEnabled() const {
-  return options_.local_lane && transport_->kind() == net::TransportKind::kShm;
+bool RankActor::LaneEnabled() const { return options_.local_lane; }
+
+bool RankActor::SameHost(const std::string& host) const {
+  // shm maps P's region, so its P is on this host whatever the name says.
+  return transport_->kind() == net::TransportKind::kShm || IsLocalHost(host);
 }
 
 std::string RankActor::RoutingId() const {
@@ -67,7 +71,7 @@ std::string RankActor::RoutingId() const {
 }
 
 void RankActor::OpenLane(Conn& c) {
-  if (!LaneEnabled()) return;
+  if (!LaneEnabled() || !c.same_host) return;
   if (c.lane != nullptr) {
     // A new P incarnation: the old process's lane is dead or dying.
     c.lane->Break("P restarted");

@@ -11,8 +11,8 @@
 //   HttpConnectionsTest      a burst of connections is accepted at once.
 //   AdminTest                pause/resume, sleep/wake_up, reset_prefix_cache,
 //                            update_weights.
-//   LocalLaneTest (shm)      control frames on the local lane, ZeroMQ without
-//                            it, garbage on P's lane.
+//   LocalLane[Transport]Test control frames on the local lane (shm, tcp,
+//                            ucx), ZeroMQ without it, garbage on P's lane.
 //   PeerDeathTest            P killed: D answers by --peer-dead-after-s.
 //   ShutdownTest             SIGTERM drains and exits 0.
 //   ShutdownUnderLoadTest    ... also while clients keep coming.
@@ -1113,7 +1113,7 @@ TEST_F(AdminTest, AbortOfARequestBeingSubmittedIsNotLost) {
   EXPECT_TRUE(WaitFor([&] { return e->IdleAndEmpty(); }, 10s)) << EngineSummary(*e);
 }
 
-// --- the local lane (shm) ------------------------------------------------------------
+// --- the local lane -------------------------------------------------------------------
 
 class LocalLaneTest : public ServeFixture {
  protected:
@@ -1127,10 +1127,14 @@ class LocalLaneTest : public ServeFixture {
   double Metric(Engine& e, const char* name) { return MetricSum(e.Metrics(), name); }
 };
 
-// shm: D opens a lane to P at the first handshake and every control frame
-// either way takes it (hellos, pulls, answers); none breaks.
-TEST_F(LocalLaneTest, ShmControlFramesTakeTheLane) {
-  START_PAIR("shm", PairConfig{});
+// D opens a lane to a P on its host at the first handshake, whatever the
+// data transport, and every control frame either way takes it (hellos,
+// pulls, answers); none breaks.
+class LocalLaneTransportTest : public LocalLaneTest,
+                               public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(LocalLaneTransportTest, ControlFramesTakeTheLane) {
+  START_PAIR(GetParam(), PairConfig{});
   Handoffs(5);
   for (Engine* e : {p_.get(), d_.get()}) {
     SCOPED_TRACE(e->config().name);
@@ -1141,6 +1145,10 @@ TEST_F(LocalLaneTest, ShmControlFramesTakeTheLane) {
   ExpectBothIdle();
   ExpectLoadsOk(6);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, LocalLaneTransportTest,
+                         ::testing::Values("shm", "tcp", "ucx"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // With --no-local-lane on P, D finds no lane there and uses ZeroMQ; on D
 // alone, D does not look for one.
