@@ -169,6 +169,10 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   co.step_per_token_us = o.step_per_token_us;
   co.engine_args = {"--abort-timeout-s", F2(o.abort_timeout_s), "--giveup-grace-s",
                     F2(o.giveup_grace_s), "--peer-dead-after-s", F2(o.peer_dead_after_s)};
+  // A partition stands for P and D on two hosts, where no local lane
+  // exists: the control frames must cross the ports the partition cuts, not
+  // a Unix socket beside them (docs/wire.md, "The local lane").
+  if (partition) co.engine_args.push_back("--no-local-lane");
   if (c.kind == FaultKind::kFailWrites) {
     // D never writes KV, so the flag only bites on P.
     co.engine_args.insert(co.engine_args.end(),
@@ -321,6 +325,9 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     e.restarted = (c.kind == FaultKind::kKillP && name == "prefill0") ||
                   (c.kind == FaultKind::kKillD && name == "decode0");
     m.engines.push_back(e);
+    if (partition && e.lanes_opened > 0 && m.setup_error.empty()) {
+      m.setup_error = name + " opened a local lane, which the partition does not cut";
+    }
   }
   if (c.kind == FaultKind::kPartitionForever && cut != nullptr) {
     // The end checks ran under the partition; now remove it and see the
