@@ -532,8 +532,13 @@ Status RunTransferBench(const TransferBenchOptions& o) {
     auto u = ucx_raw.find(blocks);
     if (u == ucx_raw.end() || u->second->base_gbps() <= 0) continue;
     const double x = t->kv_gbps() / u->second->base_gbps();
-    std::snprintf(buf, sizeof buf, "tcp %s: %.1f× UCX's own put (%.2f vs %.2f GB/s; target ≥ 4×)",
-                  HumanBytes(t->bytes).c_str(), x, t->kv_gbps(), u->second->base_gbps());
+    // The raw stream's own multiple says what this host allows: kvrelay's
+    // tcp runs at most about as fast as one blocking socket stream.
+    std::snprintf(buf, sizeof buf,
+                  "tcp %s: %.1f× UCX's own put (%.2f vs %.2f GB/s; target ≥ 4×; the raw stream "
+                  "is %.1f×)",
+                  HumanBytes(t->bytes).c_str(), x, t->kv_gbps(), u->second->base_gbps(),
+                  t->base_gbps() / u->second->base_gbps());
     verdict(x >= 4, buf);
   }
   for (const LatencyRow& l : latency) {
