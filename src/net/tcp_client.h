@@ -64,6 +64,13 @@ class StreamPool {
     Result<int> fd = Take(bound, /*wait=*/false);
     return fd.ok() ? *fd : -1;
   }
+  // An idle stream, else -1: never connects and never waits (for a caller
+  // that must not block, PendingWrite). An idle stream the peer closed is
+  // dropped, as in Take.
+  int TryAcquireIdle() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return PopLiveIdle();
+  }
   // Gives back a stream from Acquire/TryAcquire after an operation that
   // ended with `status`: kept if that left it in step, else closed.
   void Release(int fd, const Status& status) EXCLUDES(mu_) {
@@ -97,15 +104,8 @@ class StreamPool {
                                           " streams busy");
           }
         }
-        if (idle_.empty()) break;
-        const int fd = idle_.back();
-        idle_.pop_back();
-        // An idle stream has nothing to read; readable means the receiver
-        // closed it (region gone, receiver restarted): drop it, try again.
-        pollfd p{fd, POLLIN, 0};
-        if (poll(&p, 1, 0) == 0) return fd;
-        close(fd);
-        --open_;
+        if (const int fd = PopLiveIdle(); fd >= 0) return fd;
+        if (open_ < max_streams_) break;  // idle ones were dead: open one
       }
       ++open_;
     }
@@ -116,6 +116,22 @@ class StreamPool {
       cv_.NotifyOne();
     }
     return fd;
+  }
+
+  // The last idle stream still in step, else -1. An idle stream has
+  // nothing to read; readable means the receiver closed it (region gone,
+  // receiver restarted): it is dropped and the next one tried.
+  int PopLiveIdle() REQUIRES(mu_) {
+    while (!idle_.empty()) {
+      const int fd = idle_.back();
+      idle_.pop_back();
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 0) == 0) return fd;
+      close(fd);
+      --open_;
+      cv_.NotifyOne();  // room to open another
+    }
+    return -1;
   }
 
   Result<int> Connect(const WaitBound& bound) {

@@ -344,15 +344,14 @@ Status ForEachFrame(std::span<const Segment> segments, FrameFn frame_fn) {
   return Status::Ok();
 }
 
-// Sends a frame's header and table in one sendmsg: a write frame (kFrameMagic,
-// the table names each segment's dst_offset) or a read request (kReadMagic,
+// Encodes a frame's header and table: a write frame (kFrameMagic, the
+// table names each segment's dst_offset) or a read request (kReadMagic,
 // src_offset) — the offsets are always in the remote region. `table` is the
 // caller's scratch buffer.
-inline bool SendFrameHead(int fd, uint32_t magic, TransferId transfer,
-                          std::span<const Segment> frame, uint64_t frame_bytes,
-                          std::vector<uint8_t>& table, const WaitBound& bound = {}) {
+inline void EncodeFrameHead(uint32_t magic, TransferId transfer, std::span<const Segment> frame,
+                            uint64_t frame_bytes, uint8_t (&header)[kHeaderBytes],
+                            std::vector<uint8_t>& table) {
   const bool remote_is_src = magic == kReadMagic;
-  uint8_t header[kHeaderBytes];
   PutLe(header, magic, 4);
   PutLe(header + 4, kFrameVersion, 2);
   PutLe(header + 6, 0, 2);
@@ -366,6 +365,14 @@ inline bool SendFrameHead(int fd, uint32_t magic, TransferId transfer,
     PutLe(e, remote_is_src ? frame[k].src_offset : frame[k].dst_offset, 8);
     PutLe(e + 8, frame[k].bytes, 8);
   }
+}
+
+// Sends a frame's header and table (EncodeFrameHead) in one sendmsg.
+inline bool SendFrameHead(int fd, uint32_t magic, TransferId transfer,
+                          std::span<const Segment> frame, uint64_t frame_bytes,
+                          std::vector<uint8_t>& table, const WaitBound& bound = {}) {
+  uint8_t header[kHeaderBytes];
+  EncodeFrameHead(magic, transfer, frame, frame_bytes, header, table);
   iovec head[2] = {{header, sizeof header}, {table.data(), table.size()}};
   return SendAllV(fd, head, 2, bound);
 }
@@ -379,17 +386,12 @@ inline bool SendReply(int fd, uint32_t magic, uint32_t status) {
   return SendAll(fd, reply, sizeof reply);
 }
 
-// Receives a reply with `magic` and turns its status into a Status:
-// refused → kFailedPrecondition, malformed → kInvalidArgument (the stream
-// is still in step after either), no reply in time → kDeadlineExceeded or
-// kUnavailable (see WaitBound::Failed), anything else on the wire →
-// kUnavailable. `what` names the operation ("write", "read") in messages.
-inline Status RecvReply(int fd, uint32_t magic, TransferId transfer, const char* what,
-                        const WaitBound& bound = {}) {
-  uint8_t reply[kReplyBytes];
-  if (!RecvAll(fd, reply, sizeof reply, false, bound)) {
-    return bound.Failed(std::string("tcp ") + what + ": no reply (peer closed or stalled)");
-  }
+// Turns a reply received whole into a Status: refused →
+// kFailedPrecondition, malformed → kInvalidArgument (the stream is still in
+// step after either), a wrong magic or an unknown status → kUnavailable.
+// `what` names the operation ("write", "read") in messages.
+inline Status ParseReply(const uint8_t (&reply)[kReplyBytes], uint32_t magic, TransferId transfer,
+                         const char* what) {
   if (GetLe(reply, 4) != magic) return UnavailableError(std::string("tcp ") + what + ": bad reply magic");
   switch (GetLe(reply + 4, 4)) {
     case kReplyOk:
@@ -405,5 +407,15 @@ inline Status RecvReply(int fd, uint32_t magic, TransferId transfer, const char*
   }
 }
 
+// Receives a reply with `magic` (ParseReply); no reply in time →
+// kDeadlineExceeded or kUnavailable (see WaitBound::Failed).
+inline Status RecvReply(int fd, uint32_t magic, TransferId transfer, const char* what,
+                        const WaitBound& bound = {}) {
+  uint8_t reply[kReplyBytes];
+  if (!RecvAll(fd, reply, sizeof reply, false, bound)) {
+    return bound.Failed(std::string("tcp ") + what + ": no reply (peer closed or stalled)");
+  }
+  return ParseReply(reply, magic, transfer, what);
+}
 
 }  // namespace kvrelay::net::tcp

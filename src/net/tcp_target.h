@@ -30,11 +30,13 @@
 // Thread safety: Write and Read may be called from several threads at once.
 #pragma once
 
+#include <algorithm>
 #include <system_error>
 #include <thread>
 
 #include "net/stripe_plan.h"
 #include "net/tcp_client.h"
+#include "net/tcp_pending_write.h"
 #include "net/tcp_stream.h"
 
 namespace kvrelay::net::tcp {
@@ -78,6 +80,27 @@ class TcpRemote final : public Target, public Source {
                         ? pool_.Run([&](int fd) { return stripe(fd, segments); }, bound)
                         : WriteStriped(segments, stripes, bound, stripe);
     return CountOutcome(std::move(status), total, counters);
+  }
+
+  // A write of one frame on one idle stream, driven by the caller's loop
+  // (tcp_pending_write.h); see Target::StartWrite for when it is nullptr.
+  std::unique_ptr<PendingWrite> StartWrite(TransferId transfer, std::span<const Segment> segments,
+                                           Instant deadline) override {
+    const std::span<uint8_t> local = local_->bytes();
+    uint64_t total = 0;
+    if (!CheckLocal(local, segments, /*local_is_src=*/true, "write", &total).ok()) {
+      return nullptr;  // Write fails it and says why
+    }
+    const bool one_frame =
+        !segments.empty() && segments.size() <= kMaxFrameSegments && total <= kMaxFrameBytes &&
+        std::all_of(segments.begin(), segments.end(), [](const Segment& s) { return s.bytes > 0; });
+    if (!one_frame || StripeCount(total, pool_.max_streams(), stripe_min_bytes_) > 1 ||
+        WaitBound(deadline).Expired()) {
+      return nullptr;
+    }
+    const int fd = pool_.TryAcquireIdle();
+    if (fd < 0) return nullptr;
+    return std::make_unique<TcpPendingWrite>(&pool_, fd, transfer, local, segments, total, stats_);
   }
 
   Status Read(TransferId transfer, std::span<const Segment> segments) override {

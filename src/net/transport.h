@@ -43,6 +43,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -116,6 +117,31 @@ class Region {
   virtual ReadGrantTable& read_grants() = 0;
 };
 
+// A write started on its caller's thread that finishes without blocking it
+// (Target::StartWrite): its owner polls fd() for events() and calls
+// Progress() when the fd is ready, until Progress returns the outcome.
+// Each step takes only what the socket holds or has without waiting.
+//
+// Ownership: the caller of StartWrite, which also keeps the Target alive
+// for as long as it holds this. Threading: one thread (the owner's).
+// Invariants: the outcome is returned once, and counted once in the
+// transport's stats, like a Write's; destroying one that has not finished
+// (or Abandon) ends it as failed and closes its connection, which is then
+// out of step.
+class PendingWrite {
+ public:
+  virtual ~PendingWrite() = default;
+  virtual int fd() const = 0;
+  // POLLIN or POLLOUT: what to wait for before the next Progress.
+  virtual short events() const = 0;
+  // nullopt: not over yet (wait for events() again); else the outcome,
+  // the same as Target::Write's for these segments.
+  virtual std::optional<Status> Progress() = 0;
+  // Ends it now with `why` (its deadline passed, the owner stops);
+  // returns `why`. REQUIRES: Progress has not returned an outcome.
+  virtual Status Abandon(Status why) = 0;
+};
+
 // A remote region, open for writing from a local one.
 class Target {
  public:
@@ -140,6 +166,17 @@ class Target {
   // copy's. A caller may then run a small write on its own thread instead
   // of handing it to a worker (a hand-off costs more than a small copy).
   virtual bool CopiesInPlace() const { return false; }
+  // A write its caller can drive from its own event loop (PendingWrite),
+  // when this one can go that way: tcp, a write that fits one frame and
+  // one stream, an idle connection to hand. nullptr otherwise — the
+  // transport has no such path, no connection is idle, the write is too
+  // large, or its deadline has passed — and the caller uses Write. Nothing
+  // has been sent when it returns; the first Progress sends.
+  virtual std::unique_ptr<PendingWrite> StartWrite(TransferId /*transfer*/,
+                                                   std::span<const Segment> /*segments*/,
+                                                   Instant /*deadline*/) {
+    return nullptr;
+  }
 };
 
 // A remote region, open for reading into a local one (read mode).

@@ -205,11 +205,12 @@ void RankActor::Loop() {
   std::deque<Inbox::Fn> fns;
   std::vector<zmq_pollitem_t> items;
   // What each poll item is, in order after the inbox.
-  enum class Polled : uint8_t { kRouter, kListener, kDLane, kDealer, kPLane };
+  enum class Polled : uint8_t { kRouter, kListener, kDLane, kDealer, kPLane, kWrite };
   struct Entry {
     Polled kind;
     LocalLane* lane = nullptr;
     Conn* conn = nullptr;
+    PolledWrite* write = nullptr;
   };
   std::vector<Entry> polled;
   auto lane_events = [](const LocalLane& l) {
@@ -218,6 +219,7 @@ void RankActor::Loop() {
   while (!stop_) {
     items.clear();
     polled.clear();
+    std::erase_if(polled_writes_, [](const auto& w) { return w->over; });
     items.push_back(zmq_pollitem_t{nullptr, inbox_.fd(), ZMQ_POLLIN, 0});
     bool buffered = false;  // a lane holds a whole frame it did not deliver
     if (router_ != nullptr) {
@@ -244,7 +246,12 @@ void RankActor::Loop() {
       }
     }
     Instant now = MonoNow();
-    Instant wake = next_heartbeat_;
+    Instant wake = std::min(next_heartbeat_, ExpirePolledWrites(now));
+    for (auto& w : polled_writes_) {
+      if (w->over) continue;  // abandoned just now
+      items.push_back(zmq_pollitem_t{nullptr, w->write->fd(), w->write->events(), 0});
+      polled.push_back({Polled::kWrite, nullptr, nullptr, w.get()});
+    }
     if (auto d = conn_.NextDeadline()) wake = std::min(wake, *d);
     // Outcomes Pump left for lack of rounds (a long chain of inline
     // writes), or frames a lane read but did not deliver: nothing would
@@ -275,6 +282,9 @@ void RankActor::Loop() {
         case Polled::kDealer:
           if (ev & ZMQ_POLLIN) DrainDealer(*e.conn);
           break;
+        case Polled::kWrite:
+          if (ev != 0) ProgressPolledWrite(*e.write);  // POLLERR/POLLHUP too: it finds out
+          break;
         case Polled::kPLane:
           // The lane may have been replaced (a P restart) since the poll.
           if (e.conn->lane.get() != e.lane) break;
@@ -294,7 +304,9 @@ void RankActor::Loop() {
     if (now >= next_heartbeat_) Heartbeat(now);
     Pump();
   }
-  // Shutdown: say goodbye to nothing; close the sockets (linger 0).
+  // Shutdown: say goodbye to nothing; close the sockets (linger 0). A
+  // write still waiting for its reply ends failed (its stream is closed).
+  polled_writes_.clear();
   for (auto& [key, c] : conns_) zmq_close(c.sock);
   conns_.clear();
   lane_of_identity_.clear();

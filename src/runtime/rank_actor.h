@@ -108,10 +108,12 @@ struct RankActorOptions {
   LoadTableOptions load;
   LeaseTableOptions lease;     // read mode, P
   ReadLoadTableOptions read;   // read mode, D
-  // P: a write of at most this many bytes to a target that only copies
-  // between local mappings (shm) runs on the rank's own thread instead of
-  // a worker: waking a worker and being woken back costs two thread
-  // hand-offs, more than such a copy (docs/performance.md). 0: never.
+  // P: a write of at most this many bytes runs on the rank's own thread
+  // instead of a worker when it cannot block it: a copy between local
+  // mappings (shm), or a tcp frame sent without waiting whose reply the
+  // rank's loop polls (net::PendingWrite). Waking a worker and being woken
+  // back costs two thread hand-offs, more than such a write
+  // (docs/performance.md). 0: never.
   uint64_t inline_write_bytes = 1 << 20;
   WireLimits limits;
   Duration heartbeat = Duration::Seconds(1);
@@ -266,6 +268,24 @@ class RankActor {
   // its outcome for the table and drops a target that lost its peer.
   void CountWrite(const Status& s, uint64_t bytes, Instant started);
   void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
+  // P: a small write the loop drives (net::PendingWrite): its first step
+  // at the start, then one each time its socket is ready; at its deadline
+  // it is abandoned (kDeadlineExceeded).
+  struct PolledWrite {
+    std::shared_ptr<net::Target> target;  // declared first: outlives `write`
+    std::unique_ptr<net::PendingWrite> write;
+    WriteId id;
+    PeerId peer;
+    uint64_t bytes = 0;
+    Instant started, deadline;
+    bool over = false;
+  };
+  bool StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started);
+  void ProgressPolledWrite(PolledWrite& w);
+  void FinishPolledWrite(PolledWrite& w, const Status& s);
+  // Abandons the writes past their deadline; returns the earliest deadline
+  // of those still running (Never if none).
+  Instant ExpirePolledWrites(Instant now);
   void StartReadJob(StartRead r);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
   void NotifyKnown() EXCLUDES(known_mu_);
@@ -322,6 +342,9 @@ class RankActor {
   };
   std::map<std::pair<TransferId, uint64_t>, PullSent> pull_sent_;  // (transfer, seq)
   std::vector<std::pair<WriteId, bool>> deferred_write_done_;
+  // P: at most the send table's writes in flight (num_workers); ended ones
+  // are dropped at the top of the next loop pass.
+  std::vector<std::unique_ptr<PolledWrite>> polled_writes_;
   std::vector<std::pair<ReadId, bool>> deferred_read_done_;
   // P, read mode: the blocks each transfer's granted readers may read (tcp
   // serves reads only inside these; revoked when the lease ends).

@@ -4,9 +4,11 @@
 //
 // Why a file of its own: rank_actor.cc is the control channel (sockets,
 // frames, heartbeats), rank_actor_handshake.cc the handshakes; this is the
-// part that moves bytes and decides which thread moves them. A write that is only a local
-// copy (shm) and small runs here on the rank's thread; every other job goes
-// to the rank's WriterPool and its outcome comes back through the inbox.
+// part that moves bytes and decides which thread moves them. A small write
+// that cannot block runs on the rank's thread: a local copy (shm) at once,
+// a tcp frame as a PolledWrite the loop drives (sent without waiting, its
+// reply polled beside the control sockets). Every other job goes to the
+// rank's WriterPool and its outcome comes back through the inbox.
 //
 // Thread safety: every function here runs on the rank's thread, except the
 // jobs' `done` callbacks of pool jobs, which run on a worker and only count
@@ -136,6 +138,7 @@ void RankActor::StartWriteJob(StartWrite w) {
     WriterPool::RunJob(job);
     return;
   }
+  if (bytes <= options_.inline_write_bytes && StartPolledWrite(job, id, peer, started)) return;
   job.done = [this, id, peer, bytes, started](const Status& s) {
     CountWrite(s, bytes, started);
     const bool ok = s.ok();
@@ -143,6 +146,53 @@ void RankActor::StartWriteJob(StartWrite w) {
     inbox_.Post([this, id, ok, broken, peer] { OnWriteJobDone(id, peer, ok, broken); });
   };
   if (!writers_->Submit(std::move(job))) deferred_write_done_.emplace_back(id, false);
+}
+
+bool RankActor::StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started) {
+  // Only with a deadline: nothing else would bound a wait for a reply
+  // that never comes (a pool job's socket waits have their stall timeout).
+  if (job.deadline == Instant::Never()) return false;
+  std::unique_ptr<net::PendingWrite> pending =
+      job.target->StartWrite(job.transfer, job.segments, job.deadline);
+  if (pending == nullptr) return false;  // no such path, no idle stream, or too late
+  ++counters_.writes_inline;
+  auto w = std::make_unique<PolledWrite>();
+  w->target = job.target;
+  w->write = std::move(pending);
+  w->id = id;
+  w->peer = peer;
+  w->bytes = job.bytes;
+  w->started = started;
+  w->deadline = job.deadline;
+  ProgressPolledWrite(*w);
+  if (!w->over) polled_writes_.push_back(std::move(w));
+  return true;
+}
+
+void RankActor::ProgressPolledWrite(PolledWrite& w) {
+  if (w.over) return;
+  if (std::optional<Status> s = w.write->Progress()) FinishPolledWrite(w, *s);
+}
+
+void RankActor::FinishPolledWrite(PolledWrite& w, const Status& s) {
+  w.over = true;
+  w.write.reset();  // its stream goes back to the pool first
+  CountWrite(s, w.bytes, w.started);
+  OnWriteJobDone(w.id, w.peer, s.ok(), s.code() == StatusCode::kUnavailable);
+}
+
+Instant RankActor::ExpirePolledWrites(Instant now) {
+  Instant next = Instant::Never();
+  for (auto& w : polled_writes_) {
+    if (w->over) continue;
+    if (now >= w->deadline) {
+      FinishPolledWrite(*w, w->write->Abandon(DeadlineExceededError(
+                                "the pull's deadline passed before D's receiver replied")));
+    } else {
+      next = std::min(next, w->deadline);
+    }
+  }
+  return next;
 }
 
 void RankActor::CountWrite(const Status& s, uint64_t bytes, Instant started) {

@@ -216,7 +216,7 @@ ServerMetrics::ServerMetrics() {
            C{"kvrelay_writes_ok_total", "data-plane writes completed (P)", kWritesOk},
            C{"kvrelay_writes_failed_total", "data-plane writes failed (P)", kWritesFailed},
            C{"kvrelay_writes_inline_total",
-             "of the writes, run on the rank's own thread (shm, small) (P)", kWritesInline},
+             "of the writes, run on the rank's own thread (small shm and tcp ones) (P)", kWritesInline},
            C{"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", kBytesWritten},
            C{"kvrelay_pulls_sent_total", "pull items sent (D)", kPullsSent},
            C{"kvrelay_answers_received_total", "answers received (D)", kAnswersReceived},

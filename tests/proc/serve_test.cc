@@ -12,7 +12,8 @@
 //   AdminTest                pause/resume, sleep/wake_up, reset_prefix_cache,
 //                            update_weights.
 //   LocalLane[Transport]Test control frames on the local lane (shm, tcp,
-//                            ucx), ZeroMQ without it, garbage on P's lane.
+//                            ucx), ZeroMQ without it, garbage on P's lane;
+//                            small tcp writes on P's rank thread.
 //   PeerDeathTest            P killed: D answers by --peer-dead-after-s.
 //   ShutdownTest             SIGTERM drains and exits 0.
 //   ShutdownUnderLoadTest    ... also while clients keep coming.
@@ -1149,6 +1150,33 @@ TEST_P(LocalLaneTransportTest, ControlFramesTakeTheLane) {
 INSTANTIATE_TEST_SUITE_P(Transports, LocalLaneTransportTest,
                          ::testing::Values("shm", "tcp", "ucx"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// tcp: once P's stream to D is open, a small write runs on P's rank thread
+// as a polled write (sent without waiting, its reply polled by the rank's
+// loop) instead of a worker; --inline-write-kib 0 sends every one to the
+// workers. Either way every load ends ok with P's bytes.
+TEST_F(LocalLaneTest, SmallTcpWritesRunOnTheRankThread) {
+  for (const bool inline_on : {true, false}) {
+    SCOPED_TRACE(inline_on ? "default" : "--inline-write-kib 0");
+    PairConfig c;
+    if (!inline_on) c.p_extra = {"--inline-write-kib", "0"};
+    START_PAIR("tcp", c);
+    Handoffs(5);
+    const double inline_writes = Metric(*p_, "kvrelay_writes_inline_total");
+    const double ok = Metric(*p_, "kvrelay_writes_ok_total");
+    EXPECT_GE(ok, 6);  // the warm-up and 5 hand-offs
+    if (inline_on) {
+      EXPECT_GE(inline_writes, ok - 1) << "only the first (which opens the stream) needs a worker";
+    } else {
+      EXPECT_EQ(inline_writes, 0);
+    }
+    EXPECT_EQ(Metric(*p_, "kvrelay_writes_failed_total"), 0);
+    ExpectBothIdle();
+    ExpectLoadsOk(6);
+    d_.reset();
+    p_.reset();
+  }
+}
 
 // With --no-local-lane on P, D finds no lane there and uses ZeroMQ; on D
 // alone, D does not look for one.

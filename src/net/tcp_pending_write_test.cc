@@ -1,0 +1,193 @@
+// tcp_pending_write_test.cc — a tcp write driven by its caller's loop
+// (Target::StartWrite, TcpPendingWrite) against a real receiver: when it is
+// offered, that its bytes and outcome are those of Write, that its stream is
+// kept only when in step, and that an abandoned one counts once and closes
+// its stream.
+#include "net/tcp_pending_write.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <cstring>
+#include <vector>
+
+#include "net/transport.h"
+
+namespace kvrelay::net {
+namespace {
+
+constexpr TransferId kT{0xabc, 0xdef};
+
+// 4 planes × 8 blocks × 4 KiB: a block's four segments are 16 KiB.
+const RegionLayout kLayout{4, 8, 4096};
+
+// Block `src` of every plane on P → block `dst` on D.
+std::vector<Segment> OneBlock(uint32_t src, uint32_t dst) {
+  std::vector<Segment> out;
+  for (uint64_t plane = 0; plane < kLayout.planes; ++plane) {
+    out.push_back(Segment{(plane * kLayout.num_blocks + src) * kLayout.block_stride_bytes,
+                          (plane * kLayout.num_blocks + dst) * kLayout.block_stride_bytes,
+                          kLayout.block_stride_bytes});
+  }
+  return out;
+}
+
+// Polls and steps `w` until it returns its outcome (bounded).
+Status Drive(PendingWrite& w) {
+  for (int i = 0; i < 10'000; ++i) {
+    if (std::optional<Status> s = w.Progress()) return *s;
+    pollfd p{w.fd(), w.events(), 0};
+    poll(&p, 1, 1000);
+  }
+  return InternalError("the pending write never ended");
+}
+
+class TcpPendingWriteTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    TransportOptions options;
+    options.tcp_streams = 1;  // one stream: "idle or not" is exact
+    options.tcp_stripe_min_bytes = 16 * 1024;
+    auto p = MakeTcpTransport(options);
+    auto d = MakeTcpTransport(options);
+    ASSERT_TRUE(p.ok() && d.ok());
+    p_ = std::move(p).value();
+    d_ = std::move(d).value();
+    auto pr = p_->CreateRegion("p", kLayout);
+    auto dr = d_->CreateRegion("d", kLayout);
+    ASSERT_TRUE(pr.ok() && dr.ok());
+    p_region_ = std::move(pr).value();
+    d_region_ = std::move(dr).value();
+    std::span<uint8_t> bytes = p_region_->bytes();
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + i / 4096);
+    auto t = p_->Open(d_region_->registration(), p_region_.get());
+    ASSERT_TRUE(t.ok());
+    target_ = std::move(t).value();
+  }
+
+  // Opens the pool's one stream with a blocking Write of block 0 → 0.
+  void WarmUp() {
+    d_region_->grants().Grant(kT, std::vector<uint32_t>{0});
+    ASSERT_TRUE(target_->Write(kT, OneBlock(0, 0)).ok());
+  }
+
+  bool Landed(const std::vector<Segment>& segs) {
+    for (const Segment& s : segs) {
+      if (std::memcmp(d_region_->bytes().data() + s.dst_offset,
+                      p_region_->bytes().data() + s.src_offset, s.bytes) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Instant Soon() const { return SteadyNow() + Duration::Seconds(10); }
+
+  std::unique_ptr<Transport> p_, d_;
+  std::unique_ptr<Region> p_region_, d_region_;
+  std::unique_ptr<Target> target_;
+};
+
+TEST_F(TcpPendingWriteTest, OfferedOnlyWithAnIdleStreamAndNeverConnects) {
+  EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), Soon()), nullptr);  // nothing open yet
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  auto w = target_->StartWrite(kT, OneBlock(1, 1), Soon());
+  ASSERT_NE(w, nullptr);
+  // The one stream is now the pending write's: nothing idle for another.
+  EXPECT_EQ(target_->StartWrite(kT, OneBlock(2, 2), Soon()), nullptr);
+}
+
+TEST_F(TcpPendingWriteTest, LandsTheBytesCountsOnceAndGivesTheStreamBack) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const uint64_t ok0 = p_->stats().writes_ok, bytes0 = p_->stats().bytes_written;
+  d_region_->grants().Grant(kT, std::vector<uint32_t>{5});
+  const auto segs = OneBlock(3, 5);
+  auto w = target_->StartWrite(kT, segs, Soon());
+  ASSERT_NE(w, nullptr);
+  const Status s = Drive(*w);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(Landed(segs));
+  EXPECT_EQ(p_->stats().writes_ok, ok0 + 1);
+  EXPECT_EQ(p_->stats().bytes_written, bytes0 + 4 * kLayout.block_stride_bytes);
+  EXPECT_NE(target_->StartWrite(kT, OneBlock(4, 5), Soon()), nullptr) << "stream not kept";
+}
+
+TEST_F(TcpPendingWriteTest, AnUngrantedWriteIsRefusedAndTheStreamStaysInStep) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const uint64_t failed0 = p_->stats().writes_failed;
+  auto w = target_->StartWrite(kT, OneBlock(3, 6), Soon());  // block 6 not granted
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(Drive(*w).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p_->stats().writes_failed, failed0 + 1);
+  EXPECT_TRUE(std::all_of(d_region_->bytes().begin() + 6 * 4096,
+                          d_region_->bytes().begin() + 7 * 4096, [](uint8_t b) { return b == 0; }));
+  w.reset();
+  d_region_->grants().Grant(kT, std::vector<uint32_t>{6});
+  auto again = target_->StartWrite(kT, OneBlock(3, 6), Soon());
+  ASSERT_NE(again, nullptr) << "a refused frame leaves the stream in step: it is kept";
+  EXPECT_TRUE(Drive(*again).ok());
+  EXPECT_TRUE(Landed(OneBlock(3, 6)));
+}
+
+TEST_F(TcpPendingWriteTest, EmptyOrLateWritesAreLeftToWrite) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  EXPECT_EQ(target_->StartWrite(kT, {}, Soon()), nullptr);
+  EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), SteadyNow() - Duration::Milliseconds(1)),
+            nullptr);
+  std::vector<Segment> outside = OneBlock(1, 1);
+  outside[0].src_offset = kLayout.bytes();
+  EXPECT_EQ(target_->StartWrite(kT, outside, Soon()), nullptr);
+  EXPECT_NE(target_->StartWrite(kT, OneBlock(1, 1), Soon()), nullptr);  // the stream is still idle
+}
+
+// A write Write would stripe over several streams is left to Write.
+TEST_F(TcpPendingWriteTest, AWriteThatWouldBeStripedIsLeftToWrite) {
+  TransportOptions options;
+  options.tcp_streams = 2;
+  options.tcp_stripe_min_bytes = 16 * 1024;
+  auto p2 = MakeTcpTransport(options);
+  ASSERT_TRUE(p2.ok());
+  auto region = p2.value()->CreateRegion("p2", kLayout);
+  ASSERT_TRUE(region.ok());
+  auto target = p2.value()->Open(d_region_->registration(), region.value().get());
+  ASSERT_TRUE(target.ok());
+  d_region_->grants().Grant(kT, std::vector<uint32_t>{0});
+  ASSERT_TRUE(target.value()->Write(kT, OneBlock(0, 0)).ok());  // one stream open, idle
+  std::vector<Segment> two_blocks = OneBlock(1, 1);
+  for (const Segment& s : OneBlock(2, 2)) two_blocks.push_back(s);  // 32 KiB ≥ 2 × 16 KiB
+  EXPECT_EQ(target.value()->StartWrite(kT, two_blocks, Soon()), nullptr);
+  EXPECT_NE(target.value()->StartWrite(kT, OneBlock(1, 1), Soon()), nullptr);
+}
+
+// (Before its first step: once sent, the reply may already be in by the
+// next step on this loopback, so "before its reply" is not exact there.)
+TEST_F(TcpPendingWriteTest, AbandonedOrDroppedBeforeItEndsCountsOnceAndClosesTheStream) {
+  for (const bool abandon : {true, false}) {
+    SCOPED_TRACE(abandon ? "Abandon" : "destroyed");
+    ASSERT_NO_FATAL_FAILURE(WarmUp());
+    const uint64_t failed0 = p_->stats().writes_failed, ok0 = p_->stats().writes_ok;
+    d_region_->grants().Grant(kT, std::vector<uint32_t>{1});
+    auto w = target_->StartWrite(kT, OneBlock(1, 1), Soon());
+    ASSERT_NE(w, nullptr);
+    if (abandon) {
+      EXPECT_EQ(w->Abandon(DeadlineExceededError("late")).code(), StatusCode::kDeadlineExceeded);
+    }
+    w.reset();
+    EXPECT_EQ(p_->stats().writes_failed, failed0 + 1);
+    EXPECT_EQ(p_->stats().writes_ok, ok0);
+    // A stream a write ended on without a reply is taken as out of step
+    // (half a frame, or a reply, may be on it): closed, not kept.
+    EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), Soon()), nullptr);
+  }
+}
+
+TEST_F(TcpPendingWriteTest, APeerThatGoesAwayEndsItUnavailable) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  auto w = target_->StartWrite(kT, OneBlock(1, 1), Soon());
+  ASSERT_NE(w, nullptr);
+  d_region_.reset();  // D's receiver closes its connections
+  EXPECT_EQ(Drive(*w).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvrelay::net
