@@ -11,8 +11,11 @@
 // The bytes on the wire are those of TcpRemote::Write's one-frame case:
 // header and table in one sendmsg, then the payload straight from the
 // local region, then the receiver's 8-byte reply. States, in order:
-// kHead → kPayload (POLLOUT while the socket is full) → kReply (POLLIN)
-// → over. Every step uses MSG_DONTWAIT; none ever blocks.
+// kHead → kPayload (wants_write: the socket is full) → kReply (waits to
+// read) → over. Every step uses MSG_DONTWAIT; none ever blocks. Its owner
+// gives it up at give_up_at(): the write's deadline, or kStallTimeoutMs
+// after its last progress if that comes first (a Write's socket waits are
+// bounded the same way).
 //
 // Ownership: made by TcpRemote::StartWrite with an idle stream of its
 // pool, given back (kept or closed, StreamPool::Release) when it ends;
@@ -40,9 +43,14 @@ class TcpPendingWrite final : public PendingWrite {
   // them: non-empty, at most kMaxFrameSegments and kMaxFrameBytes) inside
   // `local`; `fd` was taken from `pool`.
   TcpPendingWrite(StreamPool* pool, int fd, TransferId transfer, std::span<uint8_t> local,
-                  std::span<const Segment> segments, uint64_t total,
+                  std::span<const Segment> segments, uint64_t total, Instant deadline,
                   std::shared_ptr<TransportStats> stats)
-      : pool_(pool), fd_(fd), transfer_(transfer), total_(total), stats_(std::move(stats)) {
+      : pool_(pool),
+        fd_(fd),
+        transfer_(transfer),
+        total_(total),
+        deadline_(deadline),
+        stats_(std::move(stats)) {
     EncodeFrameHead(kFrameMagic, transfer, segments, total, header_, table_);
     iov_.reserve(segments.size() + 2);
     iov_.push_back({header_, sizeof header_});
@@ -58,7 +66,10 @@ class TcpPendingWrite final : public PendingWrite {
   TcpPendingWrite& operator=(const TcpPendingWrite&) = delete;
 
   int fd() const override { return fd_; }
-  short events() const override { return state_ == State::kReply ? POLLIN : POLLOUT; }
+  bool wants_write() const override { return state_ != State::kReply; }
+  Instant give_up_at() const override {
+    return std::min(deadline_, last_progress_ + Duration::Milliseconds(kStallTimeoutMs));
+  }
 
   std::optional<Status> Progress() override {
     KV_CHECK(state_ != State::kOver);
@@ -72,9 +83,10 @@ class TcpPendingWrite final : public PendingWrite {
       const ssize_t r = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (r < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // POLLOUT
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // wants_write
         return End(UnavailableError(Errno("tcp: sending a frame")));
       }
+      last_progress_ = SteadyNow();
       size_t sent = static_cast<size_t>(r);
       while (next_ < end && sent >= iov_[next_].iov_len) {
         sent -= iov_[next_].iov_len;
@@ -92,10 +104,11 @@ class TcpPendingWrite final : public PendingWrite {
       if (r == 0) return End(UnavailableError("tcp write: no reply (peer closed)"));
       if (r < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // POLLIN
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // the reply
         return End(UnavailableError(Errno("tcp write: reading the reply")));
       }
       got_ += static_cast<size_t>(r);
+      last_progress_ = SteadyNow();
       if (got_ == sizeof reply_) return End(ParseReply(reply_, kReplyMagic, transfer_, "write"));
     }
   }
@@ -119,7 +132,9 @@ class TcpPendingWrite final : public PendingWrite {
   const int fd_;
   const TransferId transfer_;
   const uint64_t total_;
+  const Instant deadline_;
   const std::shared_ptr<TransportStats> stats_;
+  Instant last_progress_ = SteadyNow();
   uint8_t header_[kHeaderBytes] = {};
   std::vector<uint8_t> table_;
   std::vector<iovec> iov_;

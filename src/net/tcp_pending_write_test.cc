@@ -36,7 +36,7 @@ std::vector<Segment> OneBlock(uint32_t src, uint32_t dst) {
 Status Drive(PendingWrite& w) {
   for (int i = 0; i < 10'000; ++i) {
     if (std::optional<Status> s = w.Progress()) return *s;
-    pollfd p{w.fd(), w.events(), 0};
+    pollfd p{w.fd(), static_cast<short>(w.wants_write() ? POLLOUT : POLLIN), 0};
     poll(&p, 1, 1000);
   }
   return InternalError("the pending write never ended");
@@ -104,12 +104,23 @@ TEST_F(TcpPendingWriteTest, LandsTheBytesCountsOnceAndGivesTheStreamBack) {
   const auto segs = OneBlock(3, 5);
   auto w = target_->StartWrite(kT, segs, Soon());
   ASSERT_NE(w, nullptr);
+  EXPECT_LE(w->give_up_at(), Soon());  // the deadline, before the 30 s stall bound
   const Status s = Drive(*w);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(Landed(segs));
   EXPECT_EQ(p_->stats().writes_ok, ok0 + 1);
   EXPECT_EQ(p_->stats().bytes_written, bytes0 + 4 * kLayout.block_stride_bytes);
   EXPECT_NE(target_->StartWrite(kT, OneBlock(4, 5), Soon()), nullptr) << "stream not kept";
+}
+
+// With no deadline, the stall timeout (30 s after its last progress) bounds it.
+TEST_F(TcpPendingWriteTest, WithoutADeadlineTheStallTimeoutBoundsIt) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const Instant before = SteadyNow();
+  auto w = target_->StartWrite(kT, OneBlock(1, 1), Instant::Never());
+  ASSERT_NE(w, nullptr);
+  EXPECT_GE(w->give_up_at(), before + Duration::Seconds(30));
+  EXPECT_LE(w->give_up_at(), SteadyNow() + Duration::Seconds(30));
 }
 
 TEST_F(TcpPendingWriteTest, AnUngrantedWriteIsRefusedAndTheStreamStaysInStep) {
@@ -179,6 +190,45 @@ TEST_F(TcpPendingWriteTest, AbandonedOrDroppedBeforeItEndsCountsOnceAndClosesThe
     // (half a frame, or a reply, may be on it): closed, not kept.
     EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), Soon()), nullptr);
   }
+}
+
+// A frame larger than the socket can hold goes out in steps: the write
+// waits for room (wants_write) between them and lands whole.
+TEST_F(TcpPendingWriteTest, AFrameLargerThanTheSocketGoesOutInSteps) {
+  const RegionLayout big{1, 48, 1 << 20};  // 48 blocks of 1 MiB
+  TransportOptions options;
+  options.tcp_streams = 1;
+  auto p = MakeTcpTransport(options);
+  auto d = MakeTcpTransport(options);
+  ASSERT_TRUE(p.ok() && d.ok());
+  auto pr = p.value()->CreateRegion("pbig", big);
+  auto dr = d.value()->CreateRegion("dbig", big);
+  ASSERT_TRUE(pr.ok() && dr.ok());
+  std::span<uint8_t> src = pr.value()->bytes();
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + i / 999);
+  auto target = p.value()->Open(dr.value()->registration(), pr.value().get());
+  ASSERT_TRUE(target.ok());
+  std::vector<uint32_t> all;
+  for (uint32_t b = 0; b < big.num_blocks; ++b) all.push_back(b);
+  dr.value()->grants().Grant(kT, all);
+  const std::vector<Segment> first{{0, 0, 1 << 20}};
+  ASSERT_TRUE(target.value()->Write(kT, first).ok());  // opens the stream
+  const std::vector<Segment> rest{{1 << 20, 1 << 20, 47ull << 20}};  // 47 MiB, one segment
+  auto w = target.value()->StartWrite(kT, rest, Soon());
+  ASSERT_NE(w, nullptr);
+  int steps_waiting_for_room = 0;
+  std::optional<Status> outcome;
+  for (int i = 0; i < 100'000 && !outcome; ++i) {
+    outcome = w->Progress();
+    if (outcome) break;
+    steps_waiting_for_room += w->wants_write() ? 1 : 0;
+    pollfd pfd{w->fd(), static_cast<short>(w->wants_write() ? POLLOUT : POLLIN), 0};
+    poll(&pfd, 1, 1000);
+  }
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_TRUE(outcome->ok()) << outcome->ToString();
+  EXPECT_GE(steps_waiting_for_room, 1) << "47 MiB went out without the socket filling once";
+  EXPECT_EQ(std::memcmp(dr.value()->bytes().data(), src.data(), src.size()), 0);
 }
 
 TEST_F(TcpPendingWriteTest, APeerThatGoesAwayEndsItUnavailable) {

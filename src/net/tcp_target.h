@@ -100,7 +100,8 @@ class TcpRemote final : public Target, public Source {
     }
     const int fd = pool_.TryAcquireIdle();
     if (fd < 0) return nullptr;
-    return std::make_unique<TcpPendingWrite>(&pool_, fd, transfer, local, segments, total, stats_);
+    return std::make_unique<TcpPendingWrite>(&pool_, fd, transfer, local, segments, total,
+                                             deadline, stats_);
   }
 
   Status Read(TransferId transfer, std::span<const Segment> segments) override {

@@ -118,8 +118,9 @@ class Region {
 };
 
 // A write started on its caller's thread that finishes without blocking it
-// (Target::StartWrite): its owner polls fd() for events() and calls
-// Progress() when the fd is ready, until Progress returns the outcome.
+// (Target::StartWrite): its owner polls fd() — for writing while
+// wants_write(), else for reading — and calls Progress() when the fd is
+// ready (or in error), until Progress returns the outcome.
 // Each step takes only what the socket holds or has without waiting.
 //
 // Ownership: the caller of StartWrite, which also keeps the Target alive
@@ -132,12 +133,17 @@ class PendingWrite {
  public:
   virtual ~PendingWrite() = default;
   virtual int fd() const = 0;
-  // POLLIN or POLLOUT: what to wait for before the next Progress.
-  virtual short events() const = 0;
-  // nullopt: not over yet (wait for events() again); else the outcome,
+  // What to wait for before the next Progress: room in the socket (true)
+  // or the peer's reply (false).
+  virtual bool wants_write() const = 0;
+  // nullopt: not over yet (wait as wants_write() says); else the outcome,
   // the same as Target::Write's for these segments.
   virtual std::optional<Status> Progress() = 0;
-  // Ends it now with `why` (its deadline passed, the owner stops);
+  // When its owner should give it up (Abandon) if it has not ended: the
+  // write's deadline, or earlier once it has made no progress for the
+  // transport's stall timeout (as a Write's socket waits are bounded).
+  virtual Instant give_up_at() const = 0;
+  // Ends it now with `why` (its deadline passed, it stalled, the owner stops);
   // returns `why`. REQUIRES: Progress has not returned an outcome.
   virtual Status Abandon(Status why) = 0;
 };

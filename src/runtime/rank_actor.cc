@@ -249,7 +249,8 @@ void RankActor::Loop() {
     Instant wake = std::min(next_heartbeat_, ExpirePolledWrites(now));
     for (auto& w : polled_writes_) {
       if (w->over) continue;  // abandoned just now
-      items.push_back(zmq_pollitem_t{nullptr, w->write->fd(), w->write->events(), 0});
+      const short events = w->write->wants_write() ? ZMQ_POLLOUT : ZMQ_POLLIN;
+      items.push_back(zmq_pollitem_t{nullptr, w->write->fd(), events, 0});
       polled.push_back({Polled::kWrite, nullptr, nullptr, w.get()});
     }
     if (auto d = conn_.NextDeadline()) wake = std::min(wake, *d);

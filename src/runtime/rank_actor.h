@@ -269,8 +269,9 @@ class RankActor {
   void CountWrite(const Status& s, uint64_t bytes, Instant started);
   void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
   // P: a small write the loop drives (net::PendingWrite): its first step
-  // at the start, then one each time its socket is ready; at its deadline
-  // it is abandoned (kDeadlineExceeded).
+  // at the start, then one each time its socket is ready; at its
+  // give_up_at() it is abandoned (kDeadlineExceeded at the pull's deadline,
+  // kUnavailable when it stalled first, as a pool write's would).
   struct PolledWrite {
     std::shared_ptr<net::Target> target;  // declared first: outlives `write`
     std::unique_ptr<net::PendingWrite> write;
@@ -283,8 +284,8 @@ class RankActor {
   bool StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started);
   void ProgressPolledWrite(PolledWrite& w);
   void FinishPolledWrite(PolledWrite& w, const Status& s);
-  // Abandons the writes past their deadline; returns the earliest deadline
-  // of those still running (Never if none).
+  // Abandons the writes past their give_up_at(); returns the earliest
+  // give_up_at() of those still running (Never if none).
   Instant ExpirePolledWrites(Instant now);
   void StartReadJob(StartRead r);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);

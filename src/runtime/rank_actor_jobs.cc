@@ -149,9 +149,6 @@ void RankActor::StartWriteJob(StartWrite w) {
 }
 
 bool RankActor::StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started) {
-  // Only with a deadline: nothing else would bound a wait for a reply
-  // that never comes (a pool job's socket waits have their stall timeout).
-  if (job.deadline == Instant::Never()) return false;
   std::unique_ptr<net::PendingWrite> pending =
       job.target->StartWrite(job.transfer, job.segments, job.deadline);
   if (pending == nullptr) return false;  // no such path, no idle stream, or too late
@@ -185,11 +182,15 @@ Instant RankActor::ExpirePolledWrites(Instant now) {
   Instant next = Instant::Never();
   for (auto& w : polled_writes_) {
     if (w->over) continue;
-    if (now >= w->deadline) {
+    const Instant give_up = w->write->give_up_at();
+    if (now < give_up) {
+      next = std::min(next, give_up);
+    } else if (now >= w->deadline) {
       FinishPolledWrite(*w, w->write->Abandon(DeadlineExceededError(
                                 "the pull's deadline passed before D's receiver replied")));
     } else {
-      next = std::min(next, w->deadline);
+      FinishPolledWrite(*w, w->write->Abandon(
+                                UnavailableError("tcp write: no progress for the stall timeout")));
     }
   }
   return next;
