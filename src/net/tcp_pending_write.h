@@ -109,21 +109,26 @@ class TcpPendingWrite final : public PendingWrite {
       }
       got_ += static_cast<size_t>(r);
       last_progress_ = SteadyNow();
-      if (got_ == sizeof reply_) return End(ParseReply(reply_, kReplyMagic, transfer_, "write"));
+      if (got_ == sizeof reply_) {
+        return End(ParseReply(reply_, kReplyMagic, transfer_, "write"), /*replied=*/true);
+      }
     }
   }
 
   Status Abandon(Status why) override {
     KV_CHECK(state_ != State::kOver);
+    KV_CHECK(!why.ok());
     return End(std::move(why));
   }
 
  private:
   enum class State : uint8_t { kHead, kPayload, kReply, kOver };
 
-  Status End(Status status) {
+  // The stream is in step only after a whole reply (then Release keeps
+  // it unless the reply said otherwise); any other end closes it.
+  Status End(Status status, bool replied = false) {
     state_ = State::kOver;
-    pool_->Release(fd_, status);  // in step only after a whole reply
+    pool_->Release(fd_, replied ? status : CancelledError("tcp write ended without its reply"));
     return CountOutcome(std::move(status), total_,
                         {stats_->writes_ok, stats_->writes_failed, stats_->bytes_written});
   }
