@@ -87,17 +87,11 @@ class TcpPendingWrite final : public PendingWrite {
         return End(UnavailableError(Errno("tcp: sending a frame")));
       }
       last_progress_ = SteadyNow();
-      size_t sent = static_cast<size_t>(r);
-      while (next_ < end && sent >= iov_[next_].iov_len) {
-        sent -= iov_[next_].iov_len;
-        ++next_;
-      }
-      if (next_ < end) {
-        iov_[next_].iov_base = static_cast<uint8_t*>(iov_[next_].iov_base) + sent;
-        iov_[next_].iov_len -= sent;
-      } else {
-        state_ = state_ == State::kHead ? State::kPayload : State::kReply;
-      }
+      iovec* rest = iov_.data() + next_;
+      size_t left = end - next_;
+      ConsumeIov(rest, left, static_cast<size_t>(r));
+      next_ = end - left;
+      if (left == 0) state_ = state_ == State::kHead ? State::kPayload : State::kReply;
     }
     while (true) {
       const ssize_t r = recv(fd_, reply_ + got_, sizeof reply_ - got_, MSG_DONTWAIT);
@@ -113,6 +107,11 @@ class TcpPendingWrite final : public PendingWrite {
         return End(ParseReply(reply_, kReplyMagic, transfer_, "write"), /*replied=*/true);
       }
     }
+  }
+
+  Status GiveUp() override {
+    KV_CHECK(state_ != State::kOver);
+    return End(WaitBound(deadline_).Failed("tcp write: no room or reply for the stall timeout"));
   }
 
   Status Abandon(Status why) override {

@@ -113,6 +113,22 @@ TEST_F(TcpPendingWriteTest, LandsTheBytesCountsOnceAndGivesTheStreamBack) {
   EXPECT_NE(target_->StartWrite(kT, OneBlock(4, 5), Soon()), nullptr) << "stream not kept";
 }
 
+// Given up past its deadline, it ends kDeadlineExceeded, counted once, and
+// its stream is closed.
+TEST_F(TcpPendingWriteTest, GivenUpPastItsDeadlineItEndsDeadlineExceeded) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const uint64_t failed0 = p_->stats().writes_failed;
+  const Instant deadline = SteadyNow() + Duration::Milliseconds(20);
+  auto w = target_->StartWrite(kT, OneBlock(1, 1), deadline);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->give_up_at(), deadline);
+  while (SteadyNow() < deadline) poll(nullptr, 0, 5);
+  EXPECT_EQ(w->GiveUp().code(), StatusCode::kDeadlineExceeded);
+  w.reset();
+  EXPECT_EQ(p_->stats().writes_failed, failed0 + 1);
+  EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), Soon()), nullptr);  // closed, not kept
+}
+
 // With no deadline, the stall timeout (30 s after its last progress) bounds it.
 TEST_F(TcpPendingWriteTest, WithoutADeadlineTheStallTimeoutBoundsIt) {
   ASSERT_NO_FATAL_FAILURE(WarmUp());

@@ -203,6 +203,21 @@ inline bool RecvAll(int fd, uint8_t* out, size_t n, bool idle_first, const WaitB
   return true;
 }
 
+// Drops the first `done` bytes of iov[0..n) after a partial send or
+// receive: whole iovecs are skipped (iov advances, n shrinks), a partial
+// one is trimmed.
+inline void ConsumeIov(iovec*& iov, size_t& n, size_t done) {
+  while (n > 0 && done >= iov->iov_len) {
+    done -= iov->iov_len;
+    ++iov;
+    --n;
+  }
+  if (n > 0) {
+    iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + done;
+    iov->iov_len -= done;
+  }
+}
+
 // Receives exactly the bytes of iov[0..n) (modified in place), handling
 // partial reads: takes what has arrived without waiting, and waits (bounded
 // by `bound`) only when nothing has. Fails once `bound`'s deadline passed.
@@ -223,16 +238,7 @@ inline bool RecvAllV(int fd, iovec* iov, size_t n, const WaitBound& bound = {}) 
       }
       return false;
     }
-    size_t got = static_cast<size_t>(r);
-    while (n > 0 && got >= iov->iov_len) {
-      got -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + got;
-      iov->iov_len -= got;
-    }
+    ConsumeIov(iov, n, static_cast<size_t>(r));
   }
   return true;
 }
@@ -258,16 +264,7 @@ inline bool SendAllV(int fd, iovec* iov, size_t n, const WaitBound& bound = {}) 
       }
       return false;
     }
-    size_t sent = static_cast<size_t>(r);
-    while (n > 0 && sent >= iov->iov_len) {
-      sent -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + sent;
-      iov->iov_len -= sent;
-    }
+    ConsumeIov(iov, n, static_cast<size_t>(r));
   }
   return true;
 }

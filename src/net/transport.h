@@ -139,12 +139,16 @@ class PendingWrite {
   // nullopt: not over yet (wait as wants_write() says); else the outcome,
   // the same as Target::Write's for these segments.
   virtual std::optional<Status> Progress() = 0;
-  // When its owner should give it up (Abandon) if it has not ended: the
+  // When its owner should give it up (GiveUp) if it has not ended: the
   // write's deadline, or earlier once it has made no progress for the
   // transport's stall timeout (as a Write's socket waits are bounded).
   virtual Instant give_up_at() const = 0;
-  // Ends it now with `why` (its deadline passed, it stalled, the owner stops);
-  // returns `why`. REQUIRES: Progress has not returned an outcome.
+  // Ends it at its give_up_at(): kDeadlineExceeded once the deadline has
+  // passed, else kUnavailable (stalled), as a Write's waits end. REQUIRES:
+  // Progress has not returned an outcome.
+  virtual Status GiveUp() = 0;
+  // Ends it now with `why`, a failure (the owner stops, say); returns
+  // `why`. REQUIRES: Progress has not returned an outcome.
   virtual Status Abandon(Status why) = 0;
 };
 

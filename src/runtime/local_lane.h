@@ -8,8 +8,9 @@
 // 50–200 µs. Over a Unix socket polled by the rank threads themselves the
 // pull crosses two (docs/performance.md, "A local lane"). It is used only
 // where D knows P shares its host (shm: P writes D's memory; tcp, ucx: P's
-// control host is a local address, runtime/local_host.h); handshakes, heartbeats and incarnations are unchanged,
-// they travel on the lane like every other frame once it is open.
+// control host is a local address, runtime/local_host.h); handshakes,
+// heartbeats and incarnations are unchanged, they travel on the lane like
+// every other frame once it is open.
 //
 // Protocol (docs/wire.md, "The local lane"): D connects to
 // LaneAddress(P engine, P rank, P's control port) and sends one attach

@@ -278,7 +278,7 @@ class RankActor {
     WriteId id;
     PeerId peer;
     uint64_t bytes = 0;
-    Instant started, deadline;
+    Instant started;
     bool over = false;
   };
   bool StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started);

@@ -160,7 +160,6 @@ bool RankActor::StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, I
   w->peer = peer;
   w->bytes = job.bytes;
   w->started = started;
-  w->deadline = job.deadline;
   ProgressPolledWrite(*w);
   if (!w->over) polled_writes_.push_back(std::move(w));
   return true;
@@ -185,12 +184,8 @@ Instant RankActor::ExpirePolledWrites(Instant now) {
     const Instant give_up = w->write->give_up_at();
     if (now < give_up) {
       next = std::min(next, give_up);
-    } else if (now >= w->deadline) {
-      FinishPolledWrite(*w, w->write->Abandon(DeadlineExceededError(
-                                "the pull's deadline passed before D's receiver replied")));
     } else {
-      FinishPolledWrite(*w, w->write->Abandon(
-                                UnavailableError("tcp write: no progress for the stall timeout")));
+      FinishPolledWrite(*w, w->write->GiveUp());
     }
   }
   return next;
