@@ -103,6 +103,13 @@ int main(int argc, char** argv) {
   frames.emplace_back("answer_ok_first_token",
                       AnswerMsg{42, TransferId{1, 2}, TransferResult::kOk, 1234});
   frames.emplace_back("heartbeat", HeartbeatMsg{3, 77});
+  frames.emplace_back("lease", LeaseMsg{9, TransferId{1, 2}, 0x1234});
+  frames.emplace_back("grant", GrantMsg{9, TransferId{1, 2}, LeaseAnswer::kGranted,
+                                        TransferResult::kOk, 20'000'000'000,
+                                        {BlockId{3, 1}, BlockId{4, 2}}});
+  frames.emplace_back("revoke_abort", RevokeMsg{TransferId{5, 6}, TransferResult::kAborted});
+  frames.emplace_back("revoke_reset", RevokeMsg{TransferId{5, 6}, TransferResult::kReset});
+  frames.emplace_back("notice", NoticeMsg{TransferId{5, 6}, ReadNotice::kRevoked});
   for (const auto& [name, msg] : frames) ok &= Write(root / "wire", name, EncodeWire(msg));
 
   std::printf("wrote %zu registration and %zu wire seeds under %s\n", regs.size(),

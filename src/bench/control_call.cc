@@ -21,7 +21,11 @@ std::string ControlCall::ToString() const {
   }
   char when[32];
   std::snprintf(when, sizeof when, "%g", at_s);
-  s += std::string(first ? "" : ",") + "target=" + target + "@" + when + "s";
+  s += std::string(first ? "" : ",") + "target=" + target;
+  if (target == "all" && (order != "d-first" || gap_ms != 20)) {
+    s += ",order=" + order + ",gap_ms=" + std::to_string(gap_ms);
+  }
+  s += std::string("@") + when + "s";
   return s;
 }
 
@@ -87,6 +91,20 @@ Result<ControlCall> ParseControlCall(const std::string& spec) {
           return InvalidArgumentError("--control '" + spec + "': target must be p, d or all");
         }
         c.target = v;
+      } else if (k == "order") {
+        if (v != "d-first" && v != "p-first" && v != "together") {
+          return InvalidArgumentError("--control '" + spec +
+                                      "': order must be d-first, p-first or together");
+        }
+        c.order = v;
+      } else if (k == "gap_ms") {
+        char* e = nullptr;
+        const long g = std::strtol(v.c_str(), &e, 10);
+        if (v.empty() || *e != '\0' || g < 0 || g > 600000) {
+          return InvalidArgumentError("--control '" + spec +
+                                      "': gap_ms must be a whole number of ms, 0..600000");
+        }
+        c.gap_ms = static_cast<int>(g);
       } else if (k == "resume_after_ms") {
         c.resume_after_ms = std::atoi(v.c_str());
       } else {

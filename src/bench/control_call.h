@@ -8,8 +8,11 @@
 //   abort_requests:target=p@3s          (body {}: every request)
 //   abort_requests:some=1,target=d@3s   (the even-numbered requests in flight)
 //
-// Keys other than `target` and `resume_after_ms` become query parameters
-// (or body fields for update_weights). `target`: p | d | all (default p).
+// Keys other than `target`, `order`, `gap_ms` and `resume_after_ms` become
+// query parameters (or body fields for update_weights). `target`: p | d |
+// all (default p). On `all`, `order` says which side is called first:
+// d-first (default), p-first or together; the second side is called
+// `gap_ms` (default 20) later. Every order must return promptly.
 // `resume_after_ms` after a call returned (default 200; -1: never), every
 // target left paused gets /resume and every one asleep or with its KV
 // released gets /wake_up, so the load can finish.
@@ -33,6 +36,8 @@ struct ControlCall {
   std::string call;                            // admin path without '/'
   std::map<std::string, std::string> params;   // query / body fields
   std::string target = "p";                    // p | d | all
+  std::string order = "d-first";               // d-first | p-first | together
+  int gap_ms = 20;
   double at_s = 0;
   int resume_after_ms = 200;
   std::string ToString() const;

@@ -423,18 +423,16 @@ LoadReport RunLoad(const LoadOptions& o) {
         if (in_flight[i]) some_ids.push_back(RequestIdOf(o, i));
       }
       std::vector<std::thread> ts;
-      // On "all", D engines get the call first and P engines 20 ms later,
-      // as the simulator's matrix does and an operator pausing a fleet
-      // should (docs/operations.md): a wait-mode pause on P admits nothing
-      // new, so if P paused first, a request whose P leg P holds but whose
-      // D leg D had admitted would keep D's drain waiting for KV that
-      // cannot come before wake_up.
+      // On "all", one side gets the call `gap_ms` after the other, in the
+      // call's order (D first by default), as the simulator's matrix does:
+      // every order must return promptly (lifecycle.md, rule 7).
       const bool both = c.target == "all" && !p_engines.empty() && !d_engines.empty();
-      const auto p_lag = std::chrono::milliseconds(both ? 20 : 0);
+      const auto gap = std::chrono::milliseconds(both && c.order != "together" ? c.gap_ms : 0);
       for (const std::string& e : targets) {
         const bool is_p = std::find(p_engines.begin(), p_engines.end(), e) != p_engines.end();
         const bool is_d = std::find(d_engines.begin(), d_engines.end(), e) != d_engines.end();
-        const auto lag = is_p && !is_d ? p_lag : std::chrono::milliseconds(0);
+        const bool second = c.order == "p-first" ? is_d && !is_p : is_p && !is_d;
+        const auto lag = second ? gap : std::chrono::milliseconds(0);
         ts.emplace_back([&, e, lag] {
           std::this_thread::sleep_for(lag);
           ControlOutcome r = Call(e, o.auth_token, c.call, c.params, Since(t0), some_ids);

@@ -41,6 +41,11 @@ struct MatrixOptions {
   uint64_t seed = 1;
   std::string auth_token_file;
   std::string kv_mode = "push";
+  // For calls on both engines: d-first | p-first | together, or random (drawn
+  // per case from --seed, and printed).
+  std::string call_order = "random";
+  int call_gap_ms = 20;
+  std::string policy = "recompute";   // the engines' --load-failure-policy
   double lease_s = 30;   // read mode: serve's default; P's holds must stay within it
 };
 
@@ -102,9 +107,26 @@ double BoundFor(const sim::ScenarioPlan& c) {
   return 10.0;
 }
 
+// The order of a case's calls on both engines: the one asked for, or one
+// drawn from the seed and the case's number.
+std::string OrderFor(const MatrixOptions& m, int index) {
+  if (m.call_order != "random") return m.call_order;
+  static const char* kOrders[] = {"d-first", "p-first", "together"};
+  const uint64_t x = (m.seed + static_cast<uint64_t>(index)) * 0x9E3779B97F4A7C15ull;
+  return kOrders[(x >> 33) % 3];
+}
+
+// Only an abort-mode call or abort_requests may end requests with an error
+// (under --load-failure-policy fail, when P's abort fails D's load); every
+// other call keeps every request (cut-short loads recompute).
+bool MayAbort(const sim::ScenarioPlan& c) {
+  return c.mode == engine::PauseMode::kAbort || c.op == Op::kAbortAll ||
+         c.op == Op::kAbortSome;
+}
+
 struct Row {
   int index = 0;
-  std::string name, call, target, verdict, why;
+  std::string name, call, target, order, verdict, why;
   double latency_s = 0;
   LoadReport load;
   int64_t p_blocks = -1, d_blocks = -1;
@@ -154,18 +176,34 @@ int RunMatrix(const MatrixOptions& m) {
               "transport %s, logs in %s\n",
               chosen.size(), m.requests, m.concurrency, m.call_at_s, m.transport.c_str(),
               logs.c_str());
+  if (m.call_order != "random" && m.call_order != "d-first" && m.call_order != "p-first" &&
+      m.call_order != "together") {
+    std::fprintf(stderr,
+                 "kvrelay matrix: --call-order must be d-first, p-first, together or random, "
+                 "not '%s'\n", m.call_order.c_str());
+    return 2;
+  }
+  if (m.policy != "recompute" && m.policy != "fail") {
+    std::fprintf(stderr,
+                 "kvrelay matrix: --kv-load-failure-policy must be recompute or fail, not "
+                 "'%s'\n", m.policy.c_str());
+    return 2;
+  }
   if (m.kv_mode != "push" && m.kv_mode != "read") {
     std::fprintf(stderr, "kvrelay matrix: --kv-mode must be push or read, not '%s'\n",
                  m.kv_mode.c_str());
     return 2;
   }
+  std::printf("call order %s (gap %d ms, seed %llu), kv_load_failure_policy %s\n",
+              m.call_order.c_str(), m.call_gap_ms, static_cast<unsigned long long>(m.seed),
+              m.policy.c_str());
   std::printf("kv mode %s%s\n", m.kv_mode.c_str(),
               m.kv_mode == "read" ? " (hold s: P's longest lease hold; must stay within the "
                                     "lease)"
                                   : "");
-  std::printf("%-3s %-28s %-42s %-6s %9s %-22s %-9s %-6s %7s %s\n", "#", "case", "call",
-              "target", "call ms", "ok/err/disc/failed", "blocks P/D", "probes", "hold s",
-              "verdict");
+  std::printf("%-3s %-28s %-42s %-6s %-8s %9s %-22s %-9s %-6s %7s %s\n", "#", "case", "call",
+              "target", "order", "call ms", "ok/err/disc/failed", "blocks P/D", "probes",
+              "hold s", "verdict");
   std::fflush(stdout);
   std::vector<Row> rows;
   int failed = 0;
@@ -181,7 +219,7 @@ int RunMatrix(const MatrixOptions& m) {
     co.d_tp = m.d_tp;
     co.step_per_token_us = m.step_per_token_us;
     co.auth_token_file = m.auth_token_file;
-    co.engine_args = {"--kv-mode", m.kv_mode};
+    co.engine_args = {"--kv-mode", m.kv_mode, "--load-failure-policy", m.policy};
     co.router_args = {"--kv-mode", m.kv_mode};
     LocalCluster cluster;
     Status s = cluster.Start(co);
@@ -199,6 +237,11 @@ int RunMatrix(const MatrixOptions& m) {
       o.probes = 4;
       o.disconnect_fraction = c.op == Op::kNone ? 0.5 : 0.1;
       std::optional<ControlCall> call = CallFor(c, m.call_at_s);
+      if (call && call->target == "all") {
+        call->order = OrderFor(m, index);
+        call->gap_ms = m.call_gap_ms;
+        row.order = call->order;
+      }
       if (call) o.controls.push_back(*call);
       row.call = call ? call->call : "(none)";
       if (call && !call->params.empty()) {
@@ -253,6 +296,11 @@ int RunMatrix(const MatrixOptions& m) {
                      std::to_string(m.lease_s) + " s); ";
         }
       }
+      if (row.load.clean_errors > 0 && !MayAbort(c)) {
+        calls_ok = false;
+        row.why += std::to_string(row.load.clean_errors) +
+                   " requests ended with an error although the call aborts nothing; ";
+      }
       bool clean = false;
       const std::string how = cluster.Stop(&clean);
       if (!clean) row.why += "shutdown not clean: " + how;
@@ -275,8 +323,9 @@ int RunMatrix(const MatrixOptions& m) {
     std::snprintf(probes, sizeof probes, "%u/%u", r.probes_ok, r.probes);
     char hold[16] = "-";
     if (row.max_hold_s >= 0) std::snprintf(hold, sizeof hold, "%.3f", row.max_hold_s);
-    std::printf("%-3d %-28s %-42s %-6s %9.1f %-22s %-9s %-6s %7s %s%s%s\n", row.index,
-                row.name.c_str(), row.call.c_str(), row.target.c_str(), row.latency_s * 1e3,
+    std::printf("%-3d %-28s %-42s %-6s %-8s %9.1f %-22s %-9s %-6s %7s %s%s%s\n", row.index,
+                row.name.c_str(), row.call.c_str(), row.target.c_str(),
+                row.order.empty() ? "-" : row.order.c_str(), row.latency_s * 1e3,
                 counts, blocks, probes, hold, row.verdict.c_str(), row.why.empty() ? "" : "  ",
                 row.passed ? "" : row.why.c_str());
     std::fflush(stdout);
@@ -290,6 +339,8 @@ int RunMatrix(const MatrixOptions& m) {
                    {"case", r.name},
                    {"call", r.call},
                    {"target", r.target},
+                   {"order", r.order},
+                   {"kv_load_failure_policy", m.policy},
                    {"call_latency_s", r.latency_s},
                    {"ok", r.load.ok},
                    {"clean_errors", r.load.clean_errors},
@@ -331,6 +382,18 @@ void RegisterMatrix(CLI::App& app) {
   cmd->add_option("--kv-mode", m->kv_mode,
                   "push | read: the engines' and router's --kv-mode; in read mode each case "
                   "also checks that P's longest lease hold stays within the lease (30 s)")
+      ->capture_default_str();
+  cmd->add_option("--call-order", m->call_order,
+                  "for calls on both engines: d-first, p-first, together, or random (drawn "
+                  "per case from --seed; the table says which)")
+      ->capture_default_str();
+  cmd->add_option("--call-gap-ms", m->call_gap_ms,
+                  "how long after the first engine's call the second one's comes")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--kv-load-failure-policy", m->policy,
+                  "recompute | fail: the engines' --load-failure-policy; under either, a case "
+                  "whose call aborts nothing must end with 0 errors")
       ->capture_default_str();
   cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
   cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();

@@ -45,43 +45,54 @@ struct SimCliOptions {
   std::string scenario;
   bool matrix = false;
   std::string kv_mode = "push";
+  std::string call_order = "all";
+  double call_gap_ms = 20;
+  std::string policy = "all";
 };
 
-// Runs matrix cases (all, or the one named) and prints a line per case.
-int RunMatrix(const std::string& only, bool trace, KvMode mode) {
+// Runs matrix cases (all, or the one named) under every configuration
+// asked for, and prints a line per case and configuration. A case with its
+// call on one side only has no call order: it runs once per policy.
+int RunMatrix(const std::string& only, bool trace, const std::vector<sim::MatrixConfig>& configs) {
   std::vector<sim::ScenarioPlan> cases = sim::MatrixCases();
   if (!only.empty()) {
-    std::vector<sim::ScenarioPlan> one;
-    for (const auto& c : cases) {
-      if (c.name == only) one.push_back(c);
-    }
-    if (one.empty()) {
+    bool found = false;
+    for (const auto& c : cases) found = found || c.name == only;
+    if (!found) {
       std::fprintf(stderr, "kvrelay sim: no scenario named '%s'; the cases are:\n",
                    only.c_str());
       for (const auto& c : cases) std::fprintf(stderr, "  %s\n", c.name.c_str());
       return 2;
     }
-    cases = one;
   }
-  std::printf("%-4s %-28s %-6s %10s %6s %6s %7s %6s %6s\n", "#", "case", "result",
-              "call (s)", "ok", "error", "aborted", "probes", "blocks");
+  std::printf("%-4s %-28s %-9s %-9s %-6s %10s %6s %6s %7s %6s %6s\n", "#", "case", "order",
+              "policy", "result", "call (s)", "ok", "error", "aborted", "probes", "blocks");
   uint32_t passed = 0, failed = 0;
-  int n = 0;
-  for (const auto& plan : sim::MatrixCases()) {
-    ++n;
-    bool selected = false;
-    for (const auto& c : cases) selected = selected || c.name == plan.name;
-    if (!selected) continue;
-    sim::SimOptions o;
-    o.trace = trace;
-    sim::Simulator s(sim::ScenarioParams(plan, mode), o);
-    sim::SimResult r = s.Run();
-    std::printf("%-4d %-28s %-6s %10.4f %6u %6u %7u %6u %6zu\n", n, plan.name.c_str(),
-                r.ok ? "pass" : "FAIL", r.call_latency.seconds(), r.requests_ok,
-                r.requests_error, r.requests_aborted, r.probes_ok, r.blocks_left);
-    if (!r.ok) std::printf("     %s\n     replay: build/kvrelay sim --scenario %s --trace\n",
-                           r.failure.c_str(), plan.name.c_str());
-    ++(r.ok ? passed : failed);
+  for (const sim::MatrixConfig& config : configs) {
+    int n = 0;
+    for (const auto& plan : cases) {
+      ++n;
+      if (!only.empty() && plan.name != only) continue;
+      const bool both = plan.on_p && plan.on_d;
+      if (!both && config.order != configs.front().order) continue;  // no order to vary
+      sim::SimOptions o;
+      o.trace = trace;
+      sim::Simulator s(sim::ScenarioParams(plan, config), o);
+      sim::SimResult r = s.Run();
+      const char* order = both ? sim::OrderName(config.order) : "-";
+      const char* policy = config.recompute_on_failure ? "recompute" : "fail";
+      std::printf("%-4d %-28s %-9s %-9s %-6s %10.4f %6u %6u %7u %6u %6zu\n", n,
+                  plan.name.c_str(), order, policy, r.ok ? "pass" : "FAIL",
+                  r.call_latency.seconds(), r.requests_ok, r.requests_error, r.requests_aborted,
+                  r.probes_ok, r.blocks_left);
+      if (!r.ok) {
+        std::printf("     %s\n     replay: build/kvrelay sim --scenario %s --kv-mode %s "
+                    "--call-order %s --call-gap-ms %g --kv-load-failure-policy %s --trace\n",
+                    r.failure.c_str(), plan.name.c_str(), KvModeName(config.kv_mode),
+                    sim::OrderName(config.order), config.gap.seconds() * 1e3, policy);
+      }
+      ++(r.ok ? passed : failed);
+    }
   }
   std::printf("%u passed, %u failed\n", passed, failed);
   return failed > 0 ? 1 : 0;
@@ -354,8 +365,44 @@ int RunCommand(const SimCliOptions& o) {
                    o.kv_mode.c_str());
       return 2;
     }
-    std::printf("lifecycle matrix, kv mode %s\n", KvModeName(mode));
-    return RunMatrix(o.scenario, o.trace, mode);
+    std::vector<sim::ScenarioPlan::Order> orders;
+    if (o.call_order == "all") {
+      orders = {sim::ScenarioPlan::Order::kDFirst, sim::ScenarioPlan::Order::kPFirst,
+                sim::ScenarioPlan::Order::kTogether};
+    } else {
+      sim::ScenarioPlan::Order one;
+      if (!sim::ParseOrder(o.call_order, &one)) {
+        std::fprintf(stderr,
+                     "kvrelay sim: --call-order must be d-first, p-first, together or all, "
+                     "not '%s'\n", o.call_order.c_str());
+        return 2;
+      }
+      orders = {one};
+    }
+    std::vector<bool> policies;
+    if (o.policy == "all" || o.policy == "recompute") policies.push_back(true);
+    if (o.policy == "all" || o.policy == "fail") policies.push_back(false);
+    if (policies.empty()) {
+      std::fprintf(stderr,
+                   "kvrelay sim: --kv-load-failure-policy must be recompute, fail or all, "
+                   "not '%s'\n", o.policy.c_str());
+      return 2;
+    }
+    std::vector<sim::MatrixConfig> configs;
+    for (bool recompute : policies) {
+      for (auto order : orders) {
+        sim::MatrixConfig c;
+        c.kv_mode = mode;
+        c.order = order;
+        c.gap = Duration::Microseconds(static_cast<int64_t>(o.call_gap_ms * 1000));
+        c.recompute_on_failure = recompute;
+        configs.push_back(c);
+      }
+    }
+    std::printf("lifecycle matrix, kv mode %s, call order %s (gap %g ms), "
+                "kv_load_failure_policy %s\n", KvModeName(mode), o.call_order.c_str(),
+                o.call_gap_ms, o.policy.c_str());
+    return RunMatrix(o.scenario, o.trace, configs);
   }
   if (o.seed >= 0) return RunOne(static_cast<uint64_t>(o.seed), o.trace);
   std::vector<uint64_t> seeds;
@@ -459,6 +506,20 @@ void RegisterSim(CLI::App& app) {
                   "With --matrix/--scenario: push (P writes into D) or read (D reads P's "
                   "blocks under a lease: 30 s, extended 20 s by heartbeats every 5 s); "
                   "seeded runs draw their mode from the seed")
+      ->capture_default_str();
+  cmd->add_option("--call-order", o->call_order,
+                  "With --matrix/--scenario, for calls on both engines: d-first, p-first, "
+                  "together, or all three in turn")
+      ->capture_default_str();
+  cmd->add_option("--call-gap-ms", o->call_gap_ms,
+                  "With --matrix/--scenario: how long after the first engine's call the "
+                  "second one's comes (d-first, p-first)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--kv-load-failure-policy", o->policy,
+                  "With --matrix/--scenario: recompute (a failed load recomputes), fail (it "
+                  "fails its request; only a call that aborts may then end requests with "
+                  "an error), or all (both in turn)")
       ->capture_default_str();
   cmd->callback([o] { SetExitCode(RunCommand(*o)); });
 }

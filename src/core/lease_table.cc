@@ -72,7 +72,7 @@ Status LeaseTable::Claim(TransferId transfer, uint32_t need, Instant now,
         Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
       } else if (w.prompt_hash != 0 && prompt_hash != 0 && w.prompt_hash != prompt_hash) {
         ++stats_.prompt_mismatch;
-        Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+        Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kMismatch);
       } else {
         keep.push_back(w);
       }
@@ -127,7 +127,7 @@ Status LeaseTable::Ready(TransferId transfer, std::vector<BlockId> blocks, Insta
     // The KV was computed under other weights than claimed: no reader may
     // have it. Nobody was granted anything yet, so it ends now.
     ++stats_.readies_refused;
-    Finish(s, TransferResult::kRejected, now);
+    Finish(s, TransferResult::kMismatch, now);
     return CancelledError("transfer " + transfer.ToString() +
                           ": KV fingerprint differs from the claim's");
   }
@@ -145,7 +145,7 @@ Status LeaseTable::Ready(TransferId transfer, std::vector<BlockId> blocks, Insta
   for (const Waiter& w : waiters) {
     if (w.prompt_hash != 0 && lease.prompt_hash != 0 && w.prompt_hash != lease.prompt_hash) {
       ++stats_.prompt_mismatch;
-      Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+      Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kMismatch);
       continue;
     }
     Grant(s, w.peer, w.seq, now);
@@ -164,15 +164,15 @@ void LeaseTable::Abort(TransferId transfer, Instant now) {
   AddTombstone(transfer, TransferResult::kAborted, now);
 }
 
-void LeaseTable::AbortAll(Instant now) {
+void LeaseTable::ReleaseHeld(Instant now) {
   PruneTombstones(now);
-  std::vector<uint32_t> live;
-  live.reserve(index_.size());
-  for (const auto& [t, s] : index_) live.push_back(s);
-  std::sort(live.begin(), live.end());  // slot order: deterministic actions
-  for (uint32_t s : live) {
-    if (leases_[s].used) EndLease(s, TransferResult::kAborted, now);
+  std::vector<uint32_t> held;
+  held.reserve(index_.size());
+  for (const auto& [t, s] : index_) {
+    if (leases_[s].state == LeaseState::kLeased) held.push_back(s);
   }
+  std::sort(held.begin(), held.end());  // slot order: deterministic actions
+  for (uint32_t s : held) EndLease(s, TransferResult::kReset, now);
 }
 
 // ---------------------------------------------------------------------------
@@ -215,7 +215,7 @@ void LeaseTable::Heartbeat(PeerId peer, uint64_t seq, TransferId transfer,
   }
   if (prompt_hash != 0 && lease.prompt_hash != 0 && prompt_hash != lease.prompt_hash) {
     ++stats_.prompt_mismatch;
-    Answer(peer, seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
+    Answer(peer, seq, transfer, LeaseAnswer::kEnded, TransferResult::kMismatch);
     return;
   }
   switch (lease.state) {
@@ -417,7 +417,7 @@ void LeaseTable::EndLease(uint32_t s, TransferResult reason, Instant now) {
   for (const Reader& r : lease.readers) {
     if (r.finished) continue;
     ++stats_.revokes_sent;
-    actions_.push_back(RevokeLease{r.peer, lease.transfer});
+    actions_.push_back(RevokeLease{r.peer, lease.transfer, reason});
   }
 }
 

@@ -51,7 +51,7 @@
 //             waiting heartbeats granted)
 //   heartbeat from a reader: LEASED -> LEASED     (until extended)
 //   done from all `need` readers: LEASED -> ended (kOk)
-//   abort | abort_all | release | read failed:    via EndLease:
+//   abort | release_held (LEASED only) | release | read failed: via EndLease:
 //             WAITING -> ended; LEASED -> ended if no granted reader is
 //             unfinished, else -> REVOKING (revokes sent)
 //   revoked | done | failed from the last unfinished reader:
@@ -65,7 +65,7 @@
 //
 // Ownership and threading: owned by one P rank's connector actor; called
 // from its thread only. Pure: no I/O, no clock. O(1) per input plus
-// O(log n) timers, except AbortAll (O(n)) and CheckInvariants.
+// O(log n) timers, except ReleaseHeld (O(n)) and CheckInvariants.
 #pragma once
 
 #include <cstdint>
@@ -131,6 +131,7 @@ struct GrantLease {
 struct RevokeLease {
   PeerId peer;
   TransferId transfer;
+  TransferResult reason = TransferResult::kAborted;  // why the lease ends
 };
 
 using LeaseAction = std::variant<GrantLease, RevokeLease, SendFinished>;
@@ -198,7 +199,10 @@ class LeaseTable {
   Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now,
                uint64_t prompt_hash = 0);
   void Abort(TransferId transfer, Instant now);
-  void AbortAll(Instant now);
+  // The engine's abort-transfers hook, for a cache reset: ends every LEASED
+  // lease (kReset: D recomputes, whatever its failure policy), revoking
+  // granted readers. Leases of requests P has not finished (WAITING) go on.
+  void ReleaseHeld(Instant now);
 
   // Heartbeat `seq` from D rank `peer` (the first one asks for the grant).
   void Heartbeat(PeerId peer, uint64_t seq, TransferId transfer, uint64_t prompt_hash,

@@ -215,11 +215,37 @@ TEST_F(LeaseTableTest, AbortWithAReaderRevokesAndFreesOnItsAnswerNotBefore) {
   EXPECT_EQ(reason, TransferResult::kAborted);
 }
 
+// A cache reset on P (ReleaseHeld) gives back only leases whose prefill is
+// done, revoking their readers with the reason kReset; the lease of a
+// request P has not finished goes on and is granted when it is.
+TEST_F(LeaseTableTest, ReleaseHeldEndsOnlyLeasedLeasesAndRevokesWithReset) {
+  Leased();
+  table.Heartbeat(kD0, 1, kT, 0, At(1));
+  EXPECT_EQ(OneGrant().answer, LeaseAnswer::kGranted);
+  ASSERT_TRUE(table.Claim(kU, 1, At(1)).ok());
+  table.Heartbeat(kD0, 2, kU, 0, At(1));  // waits for the prefill
+  EXPECT_TRUE(Drain().empty());
+  table.ReleaseHeld(At(2));
+  std::vector<LeaseAction> a = Drain();
+  ASSERT_EQ(a.size(), 1u);
+  const auto* revoke = std::get_if<RevokeLease>(&a[0]);
+  ASSERT_NE(revoke, nullptr);
+  EXPECT_EQ(revoke->transfer, kT);
+  EXPECT_EQ(revoke->reason, TransferResult::kReset);
+  EXPECT_EQ(table.StateOf(kU), LeaseState::kWaiting);
+  table.Notice(kD0, kT, ReadNotice::kRevoked, At(3));
+  TransferResult reason = TransferResult::kOk;
+  EXPECT_EQ(Finished(Drain(), &reason), 1);
+  EXPECT_EQ(reason, TransferResult::kReset);
+  ASSERT_TRUE(table.Ready(kU, Blocks(2), At(4)).ok());
+  EXPECT_EQ(OneGrant().answer, LeaseAnswer::kGranted);
+}
+
 TEST_F(LeaseTableTest, AnUnansweredRevokeWaitsOutTheLeaseAndNoLonger) {
   Leased();
   table.Heartbeat(kD0, 1, kT, 0, At(10'000));  // until 30 s (initial is later)
   Drain();
-  table.AbortAll(At(11'000));
+  table.ReleaseHeld(At(11'000));
   EXPECT_EQ(Revoked(Drain()).size(), 1u);
   table.OnTimer(At(29'999));
   EXPECT_EQ(Finished(Drain()), 0);
@@ -276,7 +302,7 @@ TEST_F(LeaseTableTest, PromptMismatchIsRefusedWithoutEndingTheLease) {
   ASSERT_TRUE(table.Ready(kT, Blocks(1), At(0)).ok());
   Drain();
   table.Heartbeat(kD0, 1, kT, 78, At(1));
-  EXPECT_EQ(OneGrant().result, TransferResult::kRejected);
+  EXPECT_EQ(OneGrant().result, TransferResult::kMismatch);
   table.Heartbeat(kD0, 2, kT, 77, At(2));
   EXPECT_EQ(OneGrant().answer, LeaseAnswer::kGranted);
 }

@@ -268,14 +268,16 @@ void LoadTable::FinishIfComplete(uint32_t slot) {
   } else {
     // A cut-short load is failed even if every byte landed: the cache reset
     // that cut it short is about to wipe those blocks, so the request must
-    // recompute (0 computed tokens), never decode on them.
-    const bool ok = !load.failed && !load.cut_short;
+    // recompute (0 computed tokens), never decode on them. A producer that
+    // answered kReset or kMismatch cut it short (RecomputeAnyway).
+    const bool cut_short = load.cut_short || AnyProducerCutShort(load.producers);
+    const bool ok = !load.failed && !cut_short;
     const TransferResult first_error =
         load.failed ? load.first_error
-                    : (load.cut_short ? TransferResult::kAborted : TransferResult::kOk);
+                    : (cut_short ? TransferResult::kAborted : TransferResult::kOk);
     ++(ok ? stats_.loads_ok : stats_.loads_failed);
-    if (load.cut_short) ++stats_.loads_cut_short;
-    actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short, first_error,
+    if (cut_short) ++stats_.loads_cut_short;
+    actions_.push_back(LoadDone{load.request, load.transfer, ok, cut_short, first_error,
                                 ok ? load.first_token : kNoFirstToken});  // cut short: none
   }
   giveup_.Cancel(slot);

@@ -93,7 +93,10 @@ struct LoadDone {
   RequestId request;
   TransferId transfer;
   bool ok = false;
-  bool cut_short = false;        // ended by AbortAll: recompute, not abort
+  // Cut short by a cache reset — this engine's (AbortAll) or a producer's
+  // (it answered kReset): the request recomputes whatever the failure
+  // policy; it did nothing wrong.
+  bool cut_short = false;
   TransferResult first_error = TransferResult::kOk;
   // ok: the token every producer's answer named, or kNoFirstToken if any
   // answer named none or they differ (core/first_token.h).
@@ -114,7 +117,7 @@ struct LoadTableStats {
   uint64_t loads_ok = 0;
   uint64_t loads_failed = 0;
   uint64_t loads_released = 0;
-  uint64_t loads_cut_short = 0;
+  uint64_t loads_cut_short = 0;   // incl. loads a producer's reset ended
   uint64_t releases_sent = 0;
   uint64_t releases_unstarted = 0;
   uint64_t answers = 0;

@@ -631,6 +631,28 @@ TEST(LoadTableTest, AbortAllReleasesUnansweredAndEndsCutShort) {
   EXPECT_EQ(h.table.live_loads(), 0u);
 }
 
+// A producer's own cache reset (kReset) or a KV that is not this request's
+// (kMismatch, e.g. computed under the weights before an update) cuts the
+// load short: the engine recomputes whatever its failure policy. Any other
+// failed answer is a failed load, left to the policy.
+TEST(LoadTableTest, AProducersResetOrMismatchCutsTheLoadShort) {
+  for (TransferResult r : {TransferResult::kReset, TransferResult::kMismatch,
+                           TransferResult::kAborted, TransferResult::kWriteFailed}) {
+    SCOPED_TRACE(std::string(TransferResultName(r)));
+    Harness h;
+    const std::vector<PeerId> producers = Producers(2);
+    const std::vector<SendPull> pulls = StartLoad(h, Rid(1), Tid(1), producers);
+    h.Answer(pulls[0], TransferResult::kOk);
+    h.Answer(pulls[1], r);
+    Batch end = h.Drain();
+    ASSERT_EQ(end.done.size(), 1u);
+    EXPECT_FALSE(end.done[0].ok);
+    EXPECT_EQ(end.done[0].cut_short, RecomputeAnyway(r));
+    EXPECT_EQ(end.done[0].first_error, r);
+    EXPECT_EQ(h.table.stats().loads_cut_short, RecomputeAnyway(r) ? 1u : 0u);
+  }
+}
+
 TEST(LoadTableTest, AbortAllAfterEveryAnswerOkFindsLoadAlreadyDone) {
   Harness h;
   const std::vector<PeerId> producers = Producers(2);
@@ -1019,8 +1041,10 @@ struct MLoad {
     }
     return true;
   }
+  bool producer_cut_short = false;  // a producer answered kReset / kMismatch
   void Record(MProducer& p, TransferResult r) {
     p.answered = true;
+    if (RecomputeAnyway(r)) producer_cut_short = true;
     if (r != TransferResult::kOk && !failed) {
       failed = true;
       first_error = r;
@@ -1067,7 +1091,7 @@ void CheckStep(Model& m, const Batch& b, std::map<TransferId, int>& completions,
     const MLoad& load = it->second;
     RC_ASSERT(d.request == load.request);
     RC_ASSERT(!load.released);  // a released load never reports LoadDone
-    RC_ASSERT(d.cut_short == load.cut_short);
+    RC_ASSERT(d.cut_short == (load.cut_short || load.producer_cut_short));
     if (d.ok) RC_ASSERT(!load.failed);  // never ok with an error answer
     if (!d.ok) RC_ASSERT(load.failed || load.cut_short);
     if (load.failed) RC_ASSERT(d.first_error == load.first_error);

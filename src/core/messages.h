@@ -61,6 +61,7 @@ struct GrantMsg {
 // flight.
 struct RevokeMsg {
   TransferId transfer;
+  TransferResult reason = TransferResult::kAborted;  // why P ends it (kReset: recompute)
   bool operator==(const RevokeMsg&) const = default;
 };
 

@@ -144,9 +144,9 @@ void RankConnector::ApplyMetadata(const ConnectorMetadata& meta, Instant now) {
   if (load_) ApplyConsumer(*load_, meta, now);
   if (read_) ApplyConsumer(*read_, meta, now);
   if (meta.abort_all) {
-    if (send_) send_->AbortAll(now);
+    if (send_) send_->ReleaseHeld(now);
     if (load_) load_->AbortAll(now);
-    if (lease_) lease_->AbortAll(now);
+    if (lease_) lease_->ReleaseHeld(now);
     if (read_) read_->AbortAll(now);
   }
   Pump();
@@ -182,7 +182,8 @@ void RankConnector::OnMessage(PeerId from, const PeerMessage& msg, Instant now) 
                    now);
   } else {
     if (!read_) return void(++stats_.messages_wrong_mode);
-    read_->OnRevoke(from, std::get<RevokeMsg>(msg).transfer, now);
+    const RevokeMsg& revoke = std::get<RevokeMsg>(msg);
+    read_->OnRevoke(from, revoke.transfer, revoke.reason, now);
   }
   Pump();
 }
@@ -224,7 +225,7 @@ void RankConnector::PumpLease() {
       actions_.push_back(OutMessage{g->peer, GrantMsg{g->seq, g->transfer, g->answer, g->result,
                                                       g->remaining_ns, std::move(g->src)}});
     } else if (auto* r = std::get_if<RevokeLease>(&*a)) {
-      actions_.push_back(OutMessage{r->peer, RevokeMsg{r->transfer}});
+      actions_.push_back(OutMessage{r->peer, RevokeMsg{r->transfer, r->reason}});
     } else {
       report_.finished_sending.push_back(std::get<SendFinished>(*a).transfer);
     }

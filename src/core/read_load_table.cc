@@ -187,7 +187,8 @@ void ReadLoadTable::OnGrant(PeerId peer, const GrantLease& grant, Instant now) {
                                grant.src, load.dst, p->lease_view - options_.read_margin});
 }
 
-void ReadLoadTable::OnRevoke(PeerId peer, TransferId transfer, Instant now) {
+void ReadLoadTable::OnRevoke(PeerId peer, TransferId transfer, TransferResult reason,
+                             Instant now) {
   (void)now;
   ++stats_.revokes;
   auto it = by_transfer_.find(transfer);
@@ -196,7 +197,8 @@ void ReadLoadTable::OnRevoke(PeerId peer, TransferId transfer, Instant now) {
   Producer* p = FindProducer(loads_[slot], peer);
   if (p == nullptr) return;
   if (p->state == PState::kReading && !p->stop) ++stats_.revokes_waited;
-  StopProducer(slot, *p, TransferResult::kAborted, ReadNotice::kRevoked);
+  StopProducer(slot, *p, RecomputeAnyway(reason) ? reason : TransferResult::kAborted,
+               ReadNotice::kRevoked);
   FinishIfComplete(slot);
 }
 
@@ -335,12 +337,14 @@ void ReadLoadTable::FinishIfComplete(uint32_t slot) {
     ++stats_.loads_released;
     actions_.push_back(LoadReleased{load.request, load.transfer});
   } else {
-    const bool ok = !load.failed && !load.cut_short;
+    // A producer that answered kReset or kMismatch cut the load short.
+    const bool cut_short = load.cut_short || AnyProducerCutShort(load.producers);
+    const bool ok = !load.failed && !cut_short;
     ok ? ++stats_.loads_ok : ++stats_.loads_failed;
-    if (load.cut_short) ++stats_.loads_cut_short;
-    actions_.push_back(LoadDone{load.request, load.transfer, ok, load.cut_short,
-                                load.cut_short && !load.failed ? TransferResult::kAborted
-                                                               : load.first_error});
+    if (cut_short) ++stats_.loads_cut_short;
+    actions_.push_back(LoadDone{load.request, load.transfer, ok, cut_short,
+                                cut_short && !load.failed ? TransferResult::kAborted
+                                                          : load.first_error});
   }
   timers_.Cancel(slot);
   by_transfer_.erase(load.transfer);

@@ -112,7 +112,7 @@ struct ReadLoadTableStats {
   uint64_t loads_ok = 0;
   uint64_t loads_failed = 0;
   uint64_t loads_released = 0;
-  uint64_t loads_cut_short = 0;
+  uint64_t loads_cut_short = 0;   // incl. loads a producer's reset ended
   uint64_t heartbeats_sent = 0;
   uint64_t grants = 0;
   uint64_t grants_too_late = 0;     // lease view too short to read safely
@@ -150,7 +150,9 @@ class ReadLoadTable {
   void AbortAll(Instant now);
 
   void OnGrant(PeerId peer, const GrantLease& grant, Instant now);
-  void OnRevoke(PeerId peer, TransferId transfer, Instant now);
+  // `reason`: why P ends the lease; kReset (P's cache reset) cuts the load
+  // short — it recomputes whatever the failure policy.
+  void OnRevoke(PeerId peer, TransferId transfer, TransferResult reason, Instant now);
   void OnReadDone(ReadId read, bool ok, Instant now);
   // Reconnected: heartbeat that peer's unfinished producers now.
   void ResendTo(PeerId peer, Instant now);

@@ -129,7 +129,7 @@ TEST_F(ReadLoadTableTest, ARevokeDuringAReadIsAnsweredOnlyWhenTheReadLands) {
   std::vector<SendHeartbeat> hb = Start({kP0});
   table.OnGrant(kP0, Granted(hb[0], 20'000), At(1));
   std::vector<StartRead> reads = Only<StartRead>(Drain());
-  table.OnRevoke(kP0, kT, At(2));
+  table.OnRevoke(kP0, kT, TransferResult::kAborted, At(2));
   EXPECT_TRUE(Drain().empty());  // the read is still in flight
   // Heartbeats stop for a revoked producer.
   table.OnTimer(At(5'000));
@@ -146,11 +146,25 @@ TEST_F(ReadLoadTableTest, ARevokeDuringAReadIsAnsweredOnlyWhenTheReadLands) {
 
 TEST_F(ReadLoadTableTest, ARevokeBeforeAnyReadIsAnsweredAtOnce) {
   std::vector<SendHeartbeat> hb = Start({kP0});
-  table.OnRevoke(kP0, kT, At(1));
+  table.OnRevoke(kP0, kT, TransferResult::kAborted, At(1));
   std::vector<ReadLoadAction> a = Drain();
   ASSERT_EQ(Only<SendNotice>(a).size(), 1u);
   EXPECT_EQ(Only<SendNotice>(a)[0].notice, ReadNotice::kRevoked);
-  EXPECT_EQ(Only<LoadDone>(a).size(), 1u);
+  ASSERT_EQ(Only<LoadDone>(a).size(), 1u);
+  EXPECT_FALSE(Only<LoadDone>(a)[0].cut_short) << "an abort fails the load";
+}
+
+// A revoke for P's cache reset cuts the load short (it recomputes whatever
+// the failure policy); one for an abort fails it.
+TEST_F(ReadLoadTableTest, ARevokeForAResetCutsTheLoadShort) {
+  Start({kP0});
+  table.OnRevoke(kP0, kT, TransferResult::kReset, At(1));
+  std::vector<ReadLoadAction> a = Drain();
+  ASSERT_EQ(Only<SendNotice>(a).size(), 1u);
+  std::vector<LoadDone> done = Only<LoadDone>(a);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_FALSE(done[0].ok);
+  EXPECT_TRUE(done[0].cut_short);
 }
 
 TEST_F(ReadLoadTableTest, ReleaseWaitsForTheReadThenReleasesAndStopsHeartbeats) {

@@ -58,7 +58,7 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
         AnswerItem(i, TransferResult::kRejected);
       } else if (!PromptMatches(prompt_hash, items_[i].prompt_hash)) {
         ++stats_.prompt_mismatch;
-        AnswerItem(i, TransferResult::kRejected);
+        AnswerItem(i, TransferResult::kMismatch);
       }
       i = next;
     }
@@ -122,7 +122,7 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
     // recomputes, and P's engine frees the blocks at once.
     ++stats_.readies_refused;
     ++stats_.prompt_mismatch;
-    EndSend(s, TransferResult::kRejected, now);
+    EndSend(s, TransferResult::kMismatch, now);
     return CancelledError("transfer " + transfer.ToString() +
                           ": its KV was computed under other weights than claimed");
   }
@@ -142,7 +142,7 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
     KV_CHECK(items_[i].state == ItemState::kWaiting);
     if (!PromptMatches(send.prompt_hash, items_[i].prompt_hash)) {
       ++stats_.prompt_mismatch;
-      AnswerItem(i, TransferResult::kRejected);
+      AnswerItem(i, TransferResult::kMismatch);
     } else if (items_[i].dst.size() > send.blocks.size()) {
       ++stats_.items_rejected;
       AnswerItem(i, TransferResult::kRejected);
@@ -171,16 +171,16 @@ void SendTable::Abort(TransferId transfer, Instant now) {
   AddTombstone(transfer, TransferResult::kAborted, now);
 }
 
-void SendTable::AbortAll(Instant now) {
+void SendTable::ReleaseHeld(Instant now) {
   PruneTombstones(now);
-  std::vector<uint32_t> live;
-  live.reserve(index_.size());
+  std::vector<uint32_t> held;
+  held.reserve(index_.size());
   index_.ForEach([&](uint32_t s) {
-    if (sends_[s].state != SendState::kDone) live.push_back(s);
+    if (sends_[s].state == SendState::kReady) held.push_back(s);
   });
   // Slot order, not hash order: the same inputs give the same actions.
-  std::sort(live.begin(), live.end());
-  for (uint32_t s : live) EndSend(s, TransferResult::kAborted, now);
+  std::sort(held.begin(), held.end());
+  for (uint32_t s : held) EndSend(s, TransferResult::kReset, now);
 }
 
 // ---------------------------------------------------------------------------
@@ -264,7 +264,7 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
     if (sends_[s].claimed &&
         !PromptMatches(sends_[s].prompt_hash, item->prompt_hash)) {
       ++stats_.prompt_mismatch;
-      Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
+      Answer(peer, pull_seq, item->transfer, TransferResult::kMismatch);
       continue;
     }
     if (sends_[s].state == SendState::kReady &&
@@ -297,7 +297,7 @@ void SendTable::HandleRelease(const PullItem& item, PeerId peer, uint64_t seq,
       !PromptMatches(sends_[found].prompt_hash, item.prompt_hash)) {
     // A release for another prompt under this id must not end this send.
     ++stats_.prompt_mismatch;
-    Answer(peer, seq, t, TransferResult::kRejected);
+    Answer(peer, seq, t, TransferResult::kMismatch);
     return;
   }
   if (found != kNil) {

@@ -34,7 +34,8 @@
 //   claim:  (none) -> WAITING(claimed); placeholder -> WAITING(claimed)
 //   ready:  WAITING(claimed) -> READY        (arms expiry: now + abort_timeout)
 //   pull:   (none) -> WAITING(placeholder)   (arms expiry: now + abort_timeout)
-//   release | abort | abort_all | expire | write failed | deadline
+//   release | abort | release_held (READY only) | expire | write failed
+//           | deadline
 //           | every needed D rank pulled:    WAITING/READY -> DONE via EndSend
 //
 // EndSend() is the only function that moves a send to DONE. It answers every
@@ -65,7 +66,7 @@
 // any write of that batch is admitted.
 //
 // Complexity: every input is O(1) amortized plus O(log n) for the timer
-// heaps, in the number of transfers in flight, except AbortAll (O(n) by
+// heaps, in the number of transfers in flight, except ReleaseHeld (O(n) by
 // nature) and CheckInvariants (O(n), for tests and the simulator).
 //
 // Ownership and threading: a SendTable is owned by the connector actor of
@@ -258,8 +259,11 @@ class SendTable {
   // An unknown transfer gets a tombstone so a later pull fails fast.
   void Abort(TransferId transfer, Instant now);
 
-  // The engine's abort-transfers hook: ends every send this rank holds.
-  void AbortAll(Instant now);
+  // The engine's abort-transfers hook, for a cache reset: ends every READY
+  // send (kReset: D recomputes, whatever its failure policy) so P gets its
+  // blocks back. Sends of requests P has not finished (WAITING: claimed or
+  // placeholders) go on; they hold no blocks.
+  void ReleaseHeld(Instant now);
 
   // A pull from D rank `peer`, carrying one or more transfers.
   void Pull(PeerId peer, uint64_t pull_seq, std::span<const PullItem> items,

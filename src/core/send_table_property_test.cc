@@ -185,7 +185,7 @@ class Sut {
           // Pulls that came first for another prompt under this id.
           for (auto im = items_.begin(); im != items_.end();) {
             if (im->second.t == t && !PromptMatches(prompt_hash, im->second.prompt_hash)) {
-              exp_ans_[im->first] = {R::kRejected};
+              exp_ans_[im->first] = {R::kMismatch};
               im = items_.erase(im);
             } else {
               ++im;
@@ -334,7 +334,7 @@ class Sut {
           ended_keys.insert(k);
         } else if (it->second.claimed &&
                    !PromptMatches(it->second.prompt_hash, pi.prompt_hash)) {
-          exp_ans_[k] = {R::kRejected};  // another prompt's transfer
+          exp_ans_[k] = {R::kMismatch};  // another prompt's transfer
         } else {
           Attach(k, pi.dst, pi.prompt_hash);
         }
@@ -386,15 +386,15 @@ class Sut {
     Finish();
   }
 
-  void AbortAll() {
-    Begin("AbortAll", false);
-    table_.AbortAll(now_);
+  void ReleaseHeld() {
+    Begin("ReleaseHeld", false);
+    table_.ReleaseHeld(now_);
     Collect();
-    std::vector<TransferId> live;
+    std::vector<TransferId> held;
     for (const auto& [t, s] : sends_) {
-      if (!s.done) live.push_back(t);
+      if (!s.done && s.ready) held.push_back(t);
     }
-    for (TransferId t : live) End(t, R::kAborted);
+    for (TransferId t : held) End(t, R::kReset);
     Match();
     Finish();
   }
@@ -966,9 +966,9 @@ struct AbortCmd : Cmd {
   void show(std::ostream& os) const override { os << "Abort(T" << id << ")"; }
 };
 
-struct AbortAllCmd : Cmd {
-  void run(const GenModel&, Sut& sut) const override { sut.AbortAll(); }
-  void show(std::ostream& os) const override { os << "AbortAll()"; }
+struct ReleaseHeldCmd : Cmd {
+  void run(const GenModel&, Sut& sut) const override { sut.ReleaseHeld(); }
+  void show(std::ostream& os) const override { os << "ReleaseHeld()"; }
 };
 
 struct CompleteWriteCmd : Cmd {
@@ -1011,11 +1011,11 @@ RC_GTEST_PROP(SendTableProperty, AgreesWithModelAndDrains, ()) {
   const uint32_t workers = *rc::gen::inRange<uint32_t>(1, 3);
   Sut sut(workers);
   // Weights by repetition: mostly claims, readies, pulls and completions,
-  // so transfers live long enough to collide; aborts and AbortAll are rare.
+  // so transfers live long enough to collide; aborts and ReleaseHeld are rare.
   const auto gen_command = rc::state::gen::execOneOfWithArgs<
       ClaimCmd, ClaimCmd, ClaimCmd, ClaimCmd, ReadyCmd, ReadyCmd, ReadyCmd, ReadyCmd,
       PullCmd, PullCmd, PullCmd, PullCmd, PullCmd, CompleteWriteCmd, CompleteWriteCmd,
-      CompleteWriteCmd, CompleteWriteCmd, CompleteWriteCmd, AbortCmd, AbortAllCmd,
+      CompleteWriteCmd, CompleteWriteCmd, CompleteWriteCmd, AbortCmd, ReleaseHeldCmd,
       StaleWriteDoneCmd, AdvanceTimeCmd, AdvanceTimeCmd, AdvanceTimeCmd>();
   // Sequences of 1 to ~70 commands (about 35 on average).
   const auto commands = *rc::gen::withSize([&](int size) {

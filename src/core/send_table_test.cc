@@ -223,8 +223,8 @@ class Harness {
     table_.Abort(t, now_);
     AfterInput();
   }
-  void AbortAll() {
-    table_.AbortAll(now_);
+  void ReleaseHeld() {
+    table_.ReleaseHeld(now_);
     AfterInput();
   }
   // Completes the write serving item `k`.
@@ -448,8 +448,8 @@ Step Pull(PeerId p, uint64_t seq, std::vector<Spec> specs) {
 Step Abort(TransferId t) {
   return {"Abort " + Name(t), [=](Harness& h) { h.Abort(t); }};
 }
-Step AbortAll() {
-  return {"AbortAll", [](Harness& h) { h.AbortAll(); }};
+Step ReleaseHeld() {
+  return {"ReleaseHeld", [](Harness& h) { h.ReleaseHeld(); }};
 }
 Step Done(PeerId p, uint64_t seq, TransferId t, bool ok = true) {
   Key k{p, seq, t};
@@ -786,19 +786,28 @@ std::vector<Case> Cases() {
                   Stat("tombstones_evicted", &SendTableStats::tombstones_evicted, 1)}});
   }
 
-  // --- abort_all --------------------------------------------------------
-  v.push_back({"AbortAllEveryState", Opts(),
+  // --- release_held (a cache reset on P) --------------------------------
+  // Only KV that finished requests hold for D is given back (kReset); the
+  // transfers of requests P has not finished go on (lifecycle.md, rule 7).
+  v.push_back({"ReleaseHeldEndsReadySendsOnly", Opts(),
                {At(S(0)), Pull(P1, 1, {Pi(A)}),            // A placeholder
                 Claim(B), Pull(P1, 2, {Pi(B)}),              // B waiting + pull
                 Claim(C), Ready(C),                          // C ready, unpulled
                 Claim(D), Ready(D), Pull(P1, 3, {Pi(D)}),    // D write in flight
-                Writing(P1, 3, D), At(S(1)), AbortAll(),
-                AnsweredNow(P1, 1, A, R::kAborted), AnsweredNow(P1, 2, B, R::kAborted),
-                FinishedNow(C, R::kAborted), NotFinished(D), Unanswered(P1, 3, D),
-                Tomb(A), Tomb(B), Tomb(C), DoneLingering(D), At(S(2)),
-                Ready(B, SC::kCancelled), Done(P1, 3, D),
-                Answered(P1, 3, D, {R::kOk, R::kAborted}, true),
-                FinishedNow(D, R::kAborted), Tomb(D), Live(0, 0)}});
+                Writing(P1, 3, D), At(S(1)), ReleaseHeld(),
+                Unanswered(P1, 1, A), Unanswered(P1, 2, B),
+                FinishedNow(C, R::kReset), NotFinished(D), Unanswered(P1, 3, D),
+                NoTomb(A), NoTomb(B), Tomb(C), DoneLingering(D),
+                State(A, SendState::kWaiting), State(B, SendState::kWaiting), At(S(2)),
+                Ready(B), Writing(P1, 2, B), Done(P1, 3, D),
+                Answered(P1, 3, D, {R::kOk, R::kReset}, true),
+                FinishedNow(D, R::kReset), Tomb(D), Done(P1, 2, B),
+                AnsweredNow(P1, 2, B, R::kOk), FinishedNow(B, R::kOk),
+                Claim(A), Ready(A), Writing(P1, 1, A), Done(P1, 1, A),
+                AnsweredNow(P1, 1, A, R::kOk), FinishedNow(A, R::kOk)}});
+  v.push_back({"PullAfterReleaseHeldIsAnsweredReset", Opts(),
+               {Claim(A), Ready(A), ReleaseHeld(), FinishedNow(A, R::kReset),
+                Pull(P1, 1, {Pi(A)}), AnsweredNow(P1, 1, A, R::kReset)}});
 
   // --- failed writes ----------------------------------------------------
   v.push_back({"FailedWriteEndsTransferAnswersWaiters", Opts(1),
@@ -993,7 +1002,7 @@ std::vector<Case> Cases() {
   v.push_back({"AbortAndReleaseDuringWrite", Opts(),
                {Claim(A), Ready(A), Pull(P1, 1, {Pi(A)}), Abort(A),
                 Pull(P1, 2, {Rel(A)}), AnsweredAnyNow(P1, 2, A), NotFinished(A),
-                AbortAll(), NotFinished(A), Done(P1, 1, A),
+                ReleaseHeld(), NotFinished(A), Done(P1, 1, A),
                 FinishedNow(A, R::kAborted), Tomb(A)}});
   v.push_back({"ReleaseTwiceIdempotent", Opts(),
                {Claim(A), Ready(A), Pull(P1, 1, {Rel(A)}), Pull(P2, 1, {Rel(A)}),
@@ -1013,7 +1022,7 @@ std::vector<Case> Cases() {
   // --- prompt fingerprints (transfer_id collisions) ---------------------
   v.push_back({"PromptMismatchRefusedTransferContinues", Opts(),
                {At(S(0)), ClaimH(A, 1, 7), Ready(A), At(S(1)),
-                Pull(P1, 1, {PiH(A, 8)}), AnsweredNow(P1, 1, A, R::kRejected),
+                Pull(P1, 1, {PiH(A, 8)}), AnsweredNow(P1, 1, A, R::kMismatch),
                 NotStarted(P1, 1, A), State(A, SendState::kReady),
                 Stat("prompt_mismatch", &SendTableStats::prompt_mismatch, 1),
                 Pull(P1, 2, {PiH(A, 7)}), Writing(P1, 2, A), Done(P1, 2, A),
@@ -1028,7 +1037,7 @@ std::vector<Case> Cases() {
                 Stat("prompt_mismatch", &SendTableStats::prompt_mismatch, 0)}});
   v.push_back({"PlaceholderPullsOfAnotherPromptRefusedAtClaim", Opts(),
                {At(S(0)), Pull(P1, 1, {PiH(A, 8)}), Pull(P2, 1, {PiH(A, 7)}),
-                At(S(1)), ClaimH(A, 2, 7), AnsweredNow(P1, 1, A, R::kRejected),
+                At(S(1)), ClaimH(A, 2, 7), AnsweredNow(P1, 1, A, R::kMismatch),
                 Unanswered(P2, 1, A), State(A, SendState::kWaiting), At(S(2)),
                 Ready(A), Writing(P2, 1, A), Done(P2, 1, A),
                 AnsweredNow(P2, 1, A, R::kOk), NotFinished(A),
@@ -1036,7 +1045,7 @@ std::vector<Case> Cases() {
                 Tomb(A)}});
   v.push_back({"PlaceholderAllRefusedAtClaimThenNeverExpires", Opts(),
                {At(S(0)), Pull(P1, 1, {PiH(A, 8)}), At(S(1)), ClaimH(A, 1, 7),
-                AnsweredNow(P1, 1, A, R::kRejected), TimerAt(S(50)), NoActions(),
+                AnsweredNow(P1, 1, A, R::kMismatch), TimerAt(S(50)), NoActions(),
                 State(A, SendState::kWaiting), Ready(A), Pull(P1, 2, {PiH(A, 7)}),
                 Done(P1, 2, A), FinishedNow(A, R::kOk), Gone(A)}});
   return v;

@@ -33,7 +33,7 @@ TEST(SendTableWeightsTest, ReadyUnderOtherWeightsEndsTheSendAndAnswersWaitingPul
   ASSERT_EQ(actions.size(), 1u);
   const auto* ans = std::get_if<AnswerPull>(&actions[0]);
   ASSERT_NE(ans, nullptr);
-  EXPECT_EQ(ans->result, TransferResult::kRejected);
+  EXPECT_EQ(ans->result, TransferResult::kMismatch);
   EXPECT_EQ(table.live_sends(), 0u);
   EXPECT_TRUE(table.HasTombstone(t));
   // A later pull meets the tombstone at once, not a timeout.
@@ -41,7 +41,7 @@ TEST(SendTableWeightsTest, ReadyUnderOtherWeightsEndsTheSendAndAnswersWaitingPul
   auto later = table.PollAction();
   ASSERT_TRUE(later.has_value());
   ASSERT_NE(std::get_if<AnswerPull>(&*later), nullptr);
-  EXPECT_EQ(std::get<AnswerPull>(*later).result, TransferResult::kRejected);
+  EXPECT_EQ(std::get<AnswerPull>(*later).result, TransferResult::kMismatch);
   table.CheckInvariants();
 }
 

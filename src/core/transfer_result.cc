@@ -13,8 +13,14 @@ std::string_view TransferResultName(TransferResult r) {
     case TransferResult::kRejected: return "rejected";
     case TransferResult::kAlreadyPulled: return "already_pulled";
     case TransferResult::kUnreachable: return "unreachable";
+    case TransferResult::kReset: return "reset";
+    case TransferResult::kMismatch: return "mismatch";
   }
   return "unknown";
+}
+
+bool RecomputeAnyway(TransferResult r) {
+  return r == TransferResult::kReset || r == TransferResult::kMismatch;
 }
 
 }  // namespace kvrelay

@@ -143,7 +143,10 @@ void EncodePayload(Writer& w, const GrantMsg& m) {
     w.U32(b.generation);
   }
 }
-void EncodePayload(Writer& w, const RevokeMsg& m) { PutTransfer(w, m.transfer); }
+void EncodePayload(Writer& w, const RevokeMsg& m) {
+  PutTransfer(w, m.transfer);
+  w.U8(static_cast<uint8_t>(m.reason));
+}
 void EncodePayload(Writer& w, const NoticeMsg& m) {
   PutTransfer(w, m.transfer);
   w.U8(static_cast<uint8_t>(m.notice));
@@ -383,7 +386,16 @@ Result<WireMessage> DecodeWire(std::span<const uint8_t> frame, const WireLimits&
     case WireType::kRevoke: {
       RevokeMsg v;
       v.transfer = GetTransfer(r);
-      m = r.bad() ? Result<WireMessage>(Truncated("revoke")) : Result<WireMessage>(v);
+      const uint8_t reason = r.U8();
+      if (r.bad()) {
+        m = Truncated("revoke");
+      } else if (reason >= kTransferResultCount ||
+                 reason == static_cast<uint8_t>(TransferResult::kOk)) {
+        m = InvalidArgumentError("revoke reason " + std::to_string(reason) + " unknown");
+      } else {
+        v.reason = static_cast<TransferResult>(reason);
+        m = Result<WireMessage>(v);
+      }
       break;
     }
     case WireType::kNotice: m = DecodeNotice(r); break;

@@ -10,7 +10,8 @@
 //   u32 magic 'KVRL' | u16 version | u16 type | u32 payload_bytes | payload
 // Types: 1 handshake, 2 pull, 3 answer, 4 heartbeat. Version 2 added the
 // handshake's nonce, echo and mac (64 bytes); version 3 the answer's first
-// token (core/first_token.h). A decoder accepts only
+// token (core/first_token.h); version 4 the result kReset and a revoke's
+// reason. A decoder accepts only
 // its own version; every count and length is checked against WireLimits
 // before anything is read or allocated; trailing bytes are an error.
 //
@@ -32,7 +33,8 @@
 namespace kvrelay {
 
 inline constexpr uint32_t kWireMagic = 0x4C52564B;  // "KVRL" in memory order
-inline constexpr uint16_t kWireVersion = 3;  // 2: handshake auth; 3: answer's first token
+inline constexpr uint16_t kWireVersion = 4;  // 2: handshake auth; 3: answer's first token;
+                                             // 4: result kReset, the revoke's reason
 inline constexpr size_t kWireHeaderBytes = 12;
 
 enum class WireType : uint16_t {

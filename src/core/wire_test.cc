@@ -53,6 +53,8 @@ std::vector<WireMessage> Samples() {
                    20'000'000'000, {BlockId{3, 1}, BlockId{4, 2}}},
           GrantMsg{10, TransferId{1, 2}, LeaseAnswer::kEnded, TransferResult::kExpired, 0, {}},
           RevokeMsg{TransferId{5, 6}},
+          RevokeMsg{TransferId{5, 6}, TransferResult::kReset},
+          AnswerMsg{44, TransferId{1, 2}, TransferResult::kMismatch},
           NoticeMsg{TransferId{5, 6}, ReadNotice::kRevoked}};
 }
 
@@ -208,6 +210,16 @@ RC_GTEST_PROP(WireProperty, PullRoundTrips, (uint64_t seq, std::vector<uint32_t>
   Result<WireMessage> back = DecodeWire(EncodeWire(p), WireLimits{});
   RC_ASSERT(back.ok());
   RC_ASSERT(std::get<PullMsg>(*back) == p);
+}
+
+// A revoke names why the lease ends; an unknown reason, or "ok", is
+// refused like any other bad field.
+TEST(WireTest, ARevokeWithAnUnknownReasonIsRejected) {
+  for (uint8_t bad : {uint8_t{0}, static_cast<uint8_t>(kTransferResultCount), uint8_t{255}}) {
+    std::vector<uint8_t> frame = EncodeWire(RevokeMsg{TransferId{5, 6}, TransferResult::kReset});
+    frame.back() = bad;  // the reason is the last byte
+    EXPECT_FALSE(DecodeWire(frame, WireLimits{}).ok()) << int{bad};
+  }
 }
 
 }  // namespace

@@ -20,7 +20,8 @@
 // Lifecycle operations (lifecycle.cc) are queued and run one at a time, at
 // the start of a step or at a Control() call between steps. Every operation that resets the cache goes through
 // one path, ProgressControl():
-//   quiesce (abort | wait for in-flight requests to finish | keep: freeze)
+//   quiesce (abort | wait for the requests computing here to finish — not
+//   for KV still to come from P | keep: freeze)
 //   → preempt every request that holds KV (it recomputes later, in queue
 //     order) and call the connector's abort_transfers() once
 //   → wait until transfers have given every block back (cut-short loads
@@ -241,6 +242,7 @@ class Engine {
   void ProgressControl();
   bool Quiesce(ControlOp& op);
   bool NeedsReset(const ControlOp& op) const;
+  bool DrainWaitsFor(const Request& r) const;
   void FinishOp(ControlOp& op);
   void Done(uint64_t op, bool ok, std::string detail = "");
 
@@ -253,6 +255,9 @@ class Engine {
   EngineState state_ = EngineState::kActive;
   bool frozen_ = false;      // quiesced by an operation in progress
   bool draining_ = false;    // a wait-mode operation: admit nothing new
+  // The last AdmitWaiting stopped at a request it could admit but for
+  // blocks: with nothing running, only transfers can give blocks back.
+  bool admission_blocked_ = false;
   std::map<uint64_t, Request> requests_;
   std::unordered_map<uint32_t, uint64_t> client_of_slot_;  // RequestId.index → client
   std::deque<uint64_t> waiting_;

@@ -820,6 +820,237 @@ TEST(EngineProducerTokenTest, PNamesItsFirstTokenAtReady) {
 // Control(): between steps, while the last step's compute runs, an abort
 // and an operation take effect and their metadata leaves at once.
 
+// ---------------------------------------------------------------------------
+// D: lifecycle operations with loads in flight (lifecycle.md, rules 1, 4, 5
+// and 7). The test plays P and the ranks: it answers the loads the engine
+// asks for (LoadOps in its metadata) when and how each test says.
+
+class ConsumerLifecycleTest : public ::testing::Test {
+ protected:
+  explicit ConsumerLifecycleTest(LoadFailurePolicy policy = LoadFailurePolicy::kFail)
+      : h(Options(policy)) {}
+  static EngineOptions Options(LoadFailurePolicy policy) {
+    EngineOptions o = ConsumerOptions();
+    o.load_failure_policy = policy;
+    o.num_blocks = 12;
+    return o;
+  }
+  // A remote-prefill request whose KV P computes under weights v1.
+  void AddRemote(uint64_t client, uint32_t prompt_len, uint32_t max_tokens) {
+    RequestSpec spec;
+    spec.client = client;
+    spec.prompt = MakePrompt(client * 31, prompt_len);
+    spec.max_tokens = max_tokens;
+    spec.kv.do_remote_prefill = true;
+    spec.kv.transfer = TransferId{9, client};
+    spec.kv.remote_engine = 1;
+    ASSERT_TRUE(h.engine().AddRequest(spec, h.now).ok());
+    h.clients[client].prompt = spec.prompt;
+    h.clients[client].max_tokens = max_tokens;
+  }
+  // Loads the engine asked for since the last call, by client; and whether
+  // any metadata since carried abort_transfers.
+  std::vector<LoadOp> NewLoads(bool* abort_all = nullptr) {
+    std::vector<LoadOp> out;
+    for (size_t i = seen_metas_; i < h.metas.size(); ++i) {
+      for (const LoadOp& l : h.metas[i].loads) out.push_back(l);
+      if (abort_all != nullptr && h.metas[i].abort_all) *abort_all = true;
+    }
+    seen_metas_ = h.metas.size();
+    for (const LoadOp& l : out) open_.push_back(l);
+    return out;
+  }
+  // Ends the open load of `client` as the ranks would report it. ok: P's
+  // KV (weights v1) lands first.
+  void EndLoad(uint64_t client, bool ok, bool cut_short, TransferResult why) {
+    auto it = std::find_if(open_.begin(), open_.end(),
+                           [&](const LoadOp& l) { return l.transfer.lo == client; });
+    ASSERT_NE(it, open_.end()) << "no open load for client " << client;
+    if (ok) {
+      const std::vector<Token>& prompt = h.clients[client].prompt;
+      for (uint32_t i = 0; i < it->dst.size(); ++i) {
+        for (uint32_t g = 0; g < kHeadGroups; ++g) {
+          h.mem.Write(it->dst[i], g, BlockDigest(1, prompt, h.shape().block_tokens, i, g));
+        }
+      }
+    }
+    if (h.next_reports.empty()) h.next_reports.emplace_back();  // tp 1: one rank
+    h.next_reports[0].finished_recving.push_back(
+        LoadDone{it->request, it->transfer, ok, cut_short, why, kNoFirstToken});
+    open_.erase(it);
+  }
+  size_t open_loads() const { return open_.size(); }
+  void ExpectEveryClientReference() {
+    for (const auto& [c, cl] : h.clients) h.ExpectReference(c, 1);
+    EXPECT_EQ(h.engine().stats().loads_failed, 0u) << "no request failed";
+    EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+    EXPECT_EQ(h.mem.bad_reads, 0u);   // loads allocate for their transfer: no
+    EXPECT_EQ(h.mem.bad_writes, 0u);  // foreign_allocates check here
+    EXPECT_EQ(h.mem.bad_frees, 0u);
+  }
+
+  Harness h;
+
+ private:
+  size_t seen_metas_ = 0;
+  std::vector<LoadOp> open_;
+};
+
+// Rule 7: a wait-mode pause on D does not wait for KV still to come from
+// P (P may be paused itself: called first). It returns while the load is
+// unanswered; the load goes on and the request decodes after resume.
+TEST_F(ConsumerLifecycleTest, PauseWaitDoesNotWaitForALoad) {
+  AddRemote(1, 12, 4);
+  h.Step();
+  ASSERT_EQ(NewLoads().size(), 1u);
+  const uint64_t op = h.engine().Pause(PauseMode::kWait, false);
+  ASSERT_TRUE(h.RunUntilOp(op, 5)) << "the pause waited for the load";
+  EXPECT_TRUE(h.Op(op).ok);
+  EXPECT_EQ(open_loads(), 1u);
+  EndLoad(1, true, false, TransferResult::kOk);  // lands while paused
+  h.StepN(3);
+  EXPECT_TRUE(h.clients[1].tokens.empty()) << "paused: nothing decodes";
+  h.Resume();
+  ASSERT_TRUE(h.RunToIdle());
+  EXPECT_EQ(h.engine().stats().loads_recomputed, 0u) << "the load was used";
+  ExpectEveryClientReference();
+}
+
+// Rules 1 and 7 under kv_load_failure_policy=fail: a wait pause with
+// clear_cache cuts the unanswered load short at once; the request is kept
+// and recomputes after resume, although the policy fails failed loads.
+TEST_F(ConsumerLifecycleTest, CutShortLoadUnderTheFailPolicyRecomputes) {
+  AddRemote(1, 12, 4);
+  h.Step();
+  ASSERT_EQ(NewLoads().size(), 1u);
+  const uint64_t op = h.engine().Pause(PauseMode::kWait, true);
+  h.StepN(2);
+  bool abort_all = false;
+  NewLoads(&abort_all);
+  ASSERT_TRUE(abort_all) << "the reset ends the transfers";
+  EXPECT_FALSE(h.OpDoneSeen(op)) << "the load still holds its blocks";
+  EndLoad(1, false, true, TransferResult::kAborted);  // the ranks' cut-short answer
+  ASSERT_TRUE(h.RunUntilOp(op, 5));
+  EXPECT_TRUE(h.Op(op).ok);
+  EXPECT_TRUE(h.clients[1].dones.empty()) << "kept, not failed";
+  h.Resume();
+  ASSERT_TRUE(h.RunToIdle());
+  EXPECT_EQ(h.engine().stats().loads_recomputed, 1u);
+  ExpectEveryClientReference();
+}
+
+// A load that P's own cache reset ended (the ranks report it cut short:
+// kReset or kMismatch) recomputes under the fail policy, with no operation
+// on D at all; an ordinary failure still fails the request.
+TEST_F(ConsumerLifecycleTest, AProducersResetRecomputesUnderTheFailPolicy) {
+  AddRemote(1, 12, 4);
+  AddRemote(2, 8, 3);
+  AddRemote(3, 8, 3);
+  h.Step();
+  ASSERT_EQ(NewLoads().size(), 3u);
+  EndLoad(1, false, true, TransferResult::kReset);
+  EndLoad(2, false, true, TransferResult::kMismatch);
+  EndLoad(3, false, false, TransferResult::kWriteFailed);
+  ASSERT_TRUE(h.RunToIdle());
+  h.ExpectReference(1, 1);
+  h.ExpectReference(2, 1);
+  ASSERT_EQ(h.clients[3].dones.size(), 1u);
+  EXPECT_EQ(h.clients[3].dones[0].reason, FinishReason::kError);
+  EXPECT_EQ(h.engine().stats().loads_recomputed, 2u);
+  EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+}
+
+// Rule 5: resume fails a cache reset still waiting for a transfer's blocks;
+// the cut-short answer that comes later still frees them, and the request
+// recomputes.
+TEST_F(ConsumerLifecycleTest, ResumeCancelsAResetWhileALoadHoldsBlocks) {
+  AddRemote(1, 12, 4);
+  h.Step();
+  ASSERT_EQ(NewLoads().size(), 1u);
+  const uint64_t op = h.engine().Pause(PauseMode::kKeep, true);
+  h.StepN(2);
+  EXPECT_FALSE(h.OpDoneSeen(op));
+  EXPECT_GT(h.engine().pool().num_referenced(), 0u);
+  h.Resume();
+  ASSERT_TRUE(h.OpDoneSeen(op));
+  EXPECT_FALSE(h.Op(op).ok) << "cancelled by resume";
+  EXPECT_EQ(h.engine().state(), EngineState::kActive);
+  EndLoad(1, false, true, TransferResult::kAborted);
+  ASSERT_TRUE(h.RunToIdle());
+  EXPECT_EQ(h.engine().stats().loads_recomputed, 1u);
+  ExpectEveryClientReference();
+}
+
+// Rule 4: with loads in flight and requests still queued to load, a reset
+// cuts the loads short; everything recomputes or loads after resume in
+// arrival order (Step() checks the waiting queue's order every step), and
+// nothing fails under the fail policy.
+TEST_F(ConsumerLifecycleTest, WaitingRequestsRecomputeInOrderAfterAResetWithLoadsInFlight) {
+  for (uint64_t c = 1; c <= 6; ++c) AddRemote(c, 16, 3);
+  h.Step();
+  const std::vector<LoadOp> first = NewLoads();
+  ASSERT_GT(first.size(), 0u);
+  ASSERT_LT(first.size(), 6u) << "the pool holds only some of the six";
+  const uint64_t op = h.engine().Pause(PauseMode::kKeep, true);
+  h.StepN(2);
+  bool abort_all = false;
+  NewLoads(&abort_all);
+  ASSERT_TRUE(abort_all);
+  // The cut-short answers come newest first: the requeue restores arrival
+  // order (Harness::Step checks it after every step).
+  for (auto it = first.rbegin(); it != first.rend(); ++it) {
+    EndLoad(it->transfer.lo, false, true, TransferResult::kAborted);
+  }
+  ASSERT_TRUE(h.RunUntilOp(op, 10));
+  EXPECT_TRUE(h.Op(op).ok);
+  h.Resume();
+  // The cut-short ones recompute here; the rest still load from P.
+  ASSERT_TRUE(h.StepUntil([&] {
+    for (const LoadOp& l : NewLoads()) EndLoad(l.transfer.lo, true, false, TransferResult::kOk);
+    return h.AllFinished();
+  }));
+  EXPECT_EQ(h.engine().stats().loads_recomputed, first.size());
+  ExpectEveryClientReference();
+}
+
+// Rule 7 on P: a wait-mode pause whose drain can go on only once D pulls
+// (every block held for D, nothing running, the oldest request waiting for
+// blocks) returns instead of waiting out the transfer timeout — D may be
+// paused itself, called first. The request left waiting runs after resume,
+// once D's pulls gave the blocks back.
+TEST(ProducerLifecycleTest, PauseWaitDoesNotWaitForExportsToFreeBlocks) {
+  EngineOptions o = PlainOptions();
+  o.role = Role::kProducer;
+  o.num_blocks = 8;
+  o.prefix_caching = false;
+  Harness h(o);
+  for (uint64_t c = 1; c <= 3; ++c) {
+    RequestSpec spec;
+    spec.client = c;
+    spec.prompt = MakePrompt(40 + c, 16);  // 4 blocks each: two fill the pool
+    spec.max_tokens = 4;
+    spec.kv.do_remote_decode = true;
+    spec.kv.transfer = TransferId{7, c};
+    ASSERT_TRUE(h.engine().AddRequest(spec, h.now).ok());
+    h.clients[c].prompt = spec.prompt;
+    h.clients[c].max_tokens = 4;
+  }
+  ASSERT_TRUE(h.StepUntil([&] { return h.Finished(1) && h.Finished(2); }));
+  h.StepN(3);
+  EXPECT_FALSE(h.Finished(3)) << "no blocks until D pulls";
+  EXPECT_EQ(h.engine().Snapshot().held, 2u);
+  const uint64_t op = h.engine().Pause(PauseMode::kWait, false);
+  ASSERT_TRUE(h.RunUntilOp(op, 5)) << "the drain waited for D's pulls";
+  EXPECT_TRUE(h.Op(op).ok);
+  h.Resume();
+  // D pulls: the ranks report both sends done, and the third request runs.
+  RankReport r;
+  r.finished_sending = {TransferId{7, 1}, TransferId{7, 2}};
+  h.next_reports.push_back(std::move(r));
+  ASSERT_TRUE(h.StepUntil([&] { return h.Finished(3); }));
+  EXPECT_EQ(h.engine().Snapshot().held, 1u);
+}
+
 TEST(EngineControlTest, AbortOfHeldSendLeavesAtControlNotAtNextStep) {
   EngineOptions o = PlainOptions();
   o.role = Role::kProducer;

@@ -8,8 +8,9 @@
 // exactly there. So they all go through ProgressControl's stages:
 //
 //   kQuiesce    abort: abort everything; keep: freeze; wait: → kDrain
-//   kDrain      run until the requests that arrived before the call are
-//               done (new ones wait), then freeze
+//   kDrain      run until the requests that arrived before the call and
+//               compute here are done (new ones wait; KV still to come
+//               from P is not waited for), then freeze
 //   kRelease    preempt every request holding KV (it recomputes later, in
 //               arrival order) and call abort_transfers() once
 //   kWaitBlocks wait until the pool has every block back (cut-short loads
@@ -118,6 +119,25 @@ uint64_t Engine::Resume() {
   if (state_ == EngineState::kPaused) state_ = EngineState::kActive;
   Done(id, true);
   return id;
+}
+
+// A wait-mode drain waits for what this engine computes itself: requests
+// running, and requests waiting to run here. It does not wait for a request
+// whose KV is still to come from P (queued to load, or loading): that wait
+// ends only when P computes and hands over, and P may be paused or asleep
+// itself (called first, or alone), so only the transfer's timeout would end
+// it. Such a request keeps its place: with no cache reset its load goes on
+// and it decodes after resume; with one, the load is cut short and it
+// recomputes (lifecycle.md, rule 7).
+bool Engine::DrainWaitsFor(const Request& r) const {
+  switch (r.phase) {
+    case Phase::kRunning: return true;
+    case Phase::kWaiting: return !r.remote_prefill;
+    case Phase::kWaitingRemote:
+    case Phase::kHeld:
+    case Phase::kReleasing: return false;
+  }
+  return false;
 }
 
 bool Engine::NeedsReset(const ControlOp& op) const {
@@ -230,10 +250,14 @@ bool Engine::Quiesce(ControlOp& op) {
     dirty_ = true;
   }
   if (op.stage == OpStage::kDrain) {
-    for (const auto& [c, r] : requests_) {
-      const bool in_flight = r.phase == Phase::kWaiting || r.phase == Phase::kRunning ||
-                             r.phase == Phase::kWaitingRemote;
-      if (in_flight && r.arrival <= op.drain_mark) return false;
+    // Nothing runs and the oldest request cannot start for want of blocks:
+    // only transfers can give blocks back now (P's exports to a D that may
+    // be paused, D's loads from a P that may be), so waiting on would wait
+    // for a transfer's timeout. The drain ends; the requests left wait.
+    if (!(running_.empty() && admission_blocked_)) {
+      for (const auto& [c, r] : requests_) {
+        if (DrainWaitsFor(r) && r.arrival <= op.drain_mark) return false;
+      }
     }
     draining_ = false;
     frozen_ = true;

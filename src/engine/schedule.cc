@@ -47,6 +47,7 @@ uint32_t Engine::Schedule() {
 void Engine::AdmitWaiting() {
   KV_CHECK(!draining_ || !ops_.empty());  // a drain is its operation's stage
   const uint64_t drain_mark = draining_ ? ops_.front().drain_mark : UINT64_MAX;
+  admission_blocked_ = false;
   while (!waiting_.empty() && running_.size() < options_.max_running) {
     const uint64_t client = waiting_.front();
     Request& r = requests_.at(client);
@@ -54,7 +55,10 @@ void Engine::AdmitWaiting() {
     const uint32_t bs = options_.shape.block_tokens;
     if (r.remote_prefill) {
       const uint32_t need = BlocksFor(r.prompt_len, bs);
-      if (pool_.num_free() + pool_.num_cached_idle() < need) break;
+      if (pool_.num_free() + pool_.num_cached_idle() < need) {
+        admission_blocked_ = true;
+        break;
+      }
       AllocateRun(r, need, r.kv.transfer);
       // The fingerprint is taken now: the weights may have changed since
       // admission, and D must only accept KV computed under its own.
@@ -78,6 +82,7 @@ void Engine::AdmitWaiting() {
     const uint32_t need = BlocksFor(len, bs) - static_cast<uint32_t>(hits.size());
     if (pool_.num_free() + pool_.num_cached_idle() < need) {
       for (const BlockId& b : hits) pool_.Unref(b);
+      admission_blocked_ = true;
       break;
     }
     stats_.prefix_hits += hits.size();

@@ -67,10 +67,33 @@ std::vector<ScenarioPlan> MatrixCases() {
   return cases;
 }
 
-SimParams ScenarioParams(const ScenarioPlan& plan, KvMode mode) {
+const char* OrderName(ScenarioPlan::Order order) {
+  switch (order) {
+    case ScenarioPlan::Order::kDFirst: return "d-first";
+    case ScenarioPlan::Order::kPFirst: return "p-first";
+    case ScenarioPlan::Order::kTogether: return "together";
+  }
+  return "?";
+}
+
+bool ParseOrder(const std::string& name, ScenarioPlan::Order* order) {
+  for (auto o : {ScenarioPlan::Order::kDFirst, ScenarioPlan::Order::kPFirst,
+                 ScenarioPlan::Order::kTogether}) {
+    if (name == OrderName(o)) {
+      *order = o;
+      return true;
+    }
+  }
+  return false;
+}
+
+SimParams ScenarioParams(const ScenarioPlan& plan, const MatrixConfig& config) {
+  const KvMode mode = config.kv_mode;
   SimParams p;
   p.seed = 27;
   p.plan = plan;
+  p.plan.order = config.order;
+  p.plan.gap = config.gap;
   p.p_tp = {2};
   p.d_tp = {2};
   p.p_pool_blocks = 96;
@@ -94,7 +117,7 @@ SimParams ScenarioParams(const ScenarioPlan& plan, KvMode mode) {
   p.crash_pm = 0;
   p.partition_pm = 0;
   p.lifecycle_pm = 0;
-  p.recompute_on_failure = true;
+  p.recompute_on_failure = config.recompute_on_failure;
   p.fault_phase = Duration::Zero();
   p.kv_mode = mode;   // the lease's defaults are vLLM's (sim_params.h)
   p.read_margin = Duration::Seconds(1);

@@ -20,9 +20,20 @@ namespace kvrelay::sim {
 
 // The 27 cases, in the matrix's order.
 std::vector<ScenarioPlan> MatrixCases();
+
+// What a matrix run varies beyond the case itself.
+struct MatrixConfig {
+  KvMode kv_mode = KvMode::kPush;
+  ScenarioPlan::Order order = ScenarioPlan::Order::kDFirst;  // on "both"
+  Duration gap = Duration::Milliseconds(20);                 // between the two calls
+  bool recompute_on_failure = true;                           // kv_load_failure_policy
+};
+const char* OrderName(ScenarioPlan::Order order);  // "d-first", "p-first", "together"
+bool ParseOrder(const std::string& name, ScenarioPlan::Order* order);
+
 // Parameters for one case (fixed seed; no faults but client disconnects),
 // in push or read mode (read: vLLM's lease of 30 s, 20 s per heartbeat,
 // heartbeats every 5 s).
-SimParams ScenarioParams(const ScenarioPlan& plan, KvMode mode = KvMode::kPush);
+SimParams ScenarioParams(const ScenarioPlan& plan, const MatrixConfig& config = {});
 
 }  // namespace kvrelay::sim

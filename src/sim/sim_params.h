@@ -29,7 +29,11 @@ struct ScenarioPlan {
   bool reset_running = false;
   bool on_p = false, on_d = false;
   Duration at = Duration::Milliseconds(100);
-  Duration p_lag = Duration::Milliseconds(20);   // "both": P's call after D's
+  // On "both": which engine gets the call first, and how long after it the
+  // other one does. Every order must return promptly (lifecycle.md, rule 7).
+  enum class Order : uint8_t { kDFirst, kPFirst, kTogether };
+  Order order = Order::kDFirst;
+  Duration gap = Duration::Milliseconds(20);
   // How long the call may take to return (simulated time).
   Duration bound = Duration::Seconds(5);
   uint32_t probes = 4;       // reference-checked requests after the load

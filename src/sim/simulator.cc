@@ -148,14 +148,20 @@ SimResult Simulator::Run() {
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
   if (params_.plan.enabled) {
-    // On "both", D gets the call first and P 20 ms later, as a trainer
-    // pausing its fleet does: meanwhile P finishes prefills whose D will
-    // not pull them while paused — the exports a pause must not wait for.
+    // On "both", one side gets the call `gap` after the other. D first:
+    // meanwhile P finishes prefills whose D will not pull them while paused
+    // — the exports a pause must not wait for. P first: D's requests wait
+    // for prefills P will not run while paused — loads a drain must not
+    // wait for.
+    using Order = ScenarioPlan::Order;
     const bool both = params_.plan.on_p && params_.plan.on_d;
     for (uint32_t e = 0; e < nodes_.size(); ++e) {
       const bool target = nodes_[e].producer ? params_.plan.on_p : params_.plan.on_d;
       if (!target) continue;
-      const Duration lag = both && nodes_[e].producer ? params_.plan.p_lag : Duration::Zero();
+      const bool second = both && (params_.plan.order == Order::kDFirst ? nodes_[e].producer
+                                   : params_.plan.order == Order::kPFirst ? !nodes_[e].producer
+                                                                          : false);
+      const Duration lag = second ? params_.plan.gap : Duration::Zero();
       queue_.Push(Event{Instant::Epoch() + params_.plan.at + lag, 0, EventKind::kLifecycle, 0,
                         e, 0, nodes_[e].incarnation});
     }
@@ -185,9 +191,13 @@ SimResult Simulator::Run() {
     using Op = ScenarioPlan::Op;
     const bool may_abort = params_.plan.mode == engine::PauseMode::kAbort ||
                            params_.plan.op == Op::kAbortAll || params_.plan.op == Op::kAbortSome;
+    // Under kv_load_failure_policy=fail a load that failed fails its
+    // request, so only a call that aborts may cause an error; a cache
+    // reset's cut-short loads recompute under either policy.
+    const bool may_fail = may_abort && !params_.recompute_on_failure;
     for (uint32_t i = 0; result_.ok && i < clients_.size(); ++i) {
       const Client& c = clients_[i];
-      if (c.outcome == LegOutcome::kError ||
+      if ((c.outcome == LegOutcome::kError && !may_fail) ||
           (c.outcome == LegOutcome::kAborted && !c.abort_sent && !may_abort)) {
         Violation("request " + std::to_string(i) + " was " +
                   (c.outcome == LegOutcome::kError ? "failed" : "aborted") + " by the " +
