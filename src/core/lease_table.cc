@@ -66,18 +66,25 @@ Status LeaseTable::Claim(TransferId transfer, uint32_t need, Instant now,
     expiry_.Cancel(s);
     if (consumer_engine != kAnyConsumerEngine) lease.consumer = consumer_engine;
     std::vector<Waiter> keep;
+    bool mismatch = false;
     for (const Waiter& w : lease.waiters) {
       if (PeerEngineOf(w.peer) != lease.consumer) {
         ++stats_.refused_wrong_engine;
         Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kRejected);
-      } else if (w.prompt_hash != 0 && prompt_hash != 0 && w.prompt_hash != prompt_hash) {
-        ++stats_.prompt_mismatch;
-        Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kMismatch);
       } else {
+        if (w.prompt_hash != 0 && prompt_hash != 0 && w.prompt_hash != prompt_hash) {
+          ++stats_.prompt_mismatch;
+          mismatch = true;
+        }
         keep.push_back(w);
       }
     }
     lease.waiters = std::move(keep);
+    if (mismatch) {
+      // Another prompt's KV for this id's consumer: see Heartbeat.
+      EndLease(s, TransferResult::kMismatch, now);
+      return Status::Ok();
+    }
     // With no waiter left the first engine to heartbeat binds it again.
     if (consumer_engine == kAnyConsumerEngine && lease.waiters.empty()) {
       lease.consumer = kAnyConsumerEngine;
@@ -139,17 +146,18 @@ Status LeaseTable::Ready(TransferId transfer, std::vector<BlockId> blocks, Insta
   lease.blocks = std::move(blocks);
   lease.until = now + options_.initial_lease;
   expiry_.Arm(s, lease.until);
-  // Heartbeats that waited for the prefill are granted now.
-  std::vector<Waiter> waiters = std::move(lease.waiters);
-  lease.waiters.clear();
-  for (const Waiter& w : waiters) {
+  // A heartbeat that waited with another fingerprint ends the lease (see
+  // Heartbeat); otherwise the waiting heartbeats are granted now.
+  for (const Waiter& w : lease.waiters) {
     if (w.prompt_hash != 0 && lease.prompt_hash != 0 && w.prompt_hash != lease.prompt_hash) {
       ++stats_.prompt_mismatch;
-      Answer(w.peer, w.seq, transfer, LeaseAnswer::kEnded, TransferResult::kMismatch);
-      continue;
+      EndLease(s, TransferResult::kMismatch, now);
+      return Status::Ok();
     }
-    Grant(s, w.peer, w.seq, now);
   }
+  std::vector<Waiter> waiters = std::move(lease.waiters);
+  lease.waiters.clear();
+  for (const Waiter& w : waiters) Grant(s, w.peer, w.seq, now);
   return Status::Ok();
 }
 
@@ -214,8 +222,12 @@ void LeaseTable::Heartbeat(PeerId peer, uint64_t seq, TransferId transfer,
     return;
   }
   if (prompt_hash != 0 && lease.prompt_hash != 0 && prompt_hash != lease.prompt_hash) {
+    // The KV is not what its consumer expects (another prompt under this
+    // id, or the other side's weights during an update): that D engine,
+    // the only one bound to it, recomputes, so the lease ends now.
     ++stats_.prompt_mismatch;
     Answer(peer, seq, transfer, LeaseAnswer::kEnded, TransferResult::kMismatch);
+    EndLease(s, TransferResult::kMismatch, now);
     return;
   }
   switch (lease.state) {

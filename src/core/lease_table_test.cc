@@ -297,14 +297,21 @@ TEST_F(LeaseTableTest, AccessIsBoundToOneDEngineAndToNeedReaders) {
   EXPECT_EQ(table.StateOf(kT), LeaseState::kLeased);
 }
 
-TEST_F(LeaseTableTest, PromptMismatchIsRefusedWithoutEndingTheLease) {
+// A heartbeat with another fingerprint comes from the lease's only consumer,
+// which recomputes on the answer: the lease ends now, not at expiry.
+TEST_F(LeaseTableTest, PromptMismatchEndsTheLease) {
   ASSERT_TRUE(table.Claim(kT, 1, At(0), /*prompt_hash=*/77).ok());
   ASSERT_TRUE(table.Ready(kT, Blocks(1), At(0)).ok());
   Drain();
   table.Heartbeat(kD0, 1, kT, 78, At(1));
-  EXPECT_EQ(OneGrant().result, TransferResult::kMismatch);
+  std::vector<LeaseAction> a = Drain();
+  TransferResult reason = TransferResult::kOk;
+  EXPECT_EQ(Finished(a, &reason), 1);
+  EXPECT_EQ(reason, TransferResult::kMismatch);
   table.Heartbeat(kD0, 2, kT, 77, At(2));
-  EXPECT_EQ(OneGrant().answer, LeaseAnswer::kGranted);
+  GrantLease g = OneGrant();
+  EXPECT_EQ(g.answer, LeaseAnswer::kEnded);
+  EXPECT_EQ(g.result, TransferResult::kMismatch);
 }
 
 TEST_F(LeaseTableTest, TombstonesAgeOutAndAbortBeforeClaimFailsTheClaim) {

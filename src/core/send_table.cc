@@ -47,8 +47,10 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
     send.prompt_hash = prompt_hash;
     if (consumer_engine != kAnyConsumerEngine) send.consumer = consumer_engine;
     expiry_.Cancel(found);
-    // Pulls that arrived first for another prompt under this id, or from
-    // another D engine than the one it is handed to, are refused.
+    // Pulls from another D engine than the one it is handed to are refused.
+    // A pull that arrived first for another prompt under this id ends the
+    // send (kMismatch; see Pull).
+    bool mismatch = false;
     uint32_t i = send.items.head;
     while (i != kNil) {
       const uint32_t next = items_[i].in_send.next;
@@ -58,10 +60,11 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
         AnswerItem(i, TransferResult::kRejected);
       } else if (!PromptMatches(prompt_hash, items_[i].prompt_hash)) {
         ++stats_.prompt_mismatch;
-        AnswerItem(i, TransferResult::kMismatch);
+        mismatch = true;
       }
       i = next;
     }
+    if (mismatch) EndSend(found, TransferResult::kMismatch, now);
     return Status::Ok();
   }
   if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
@@ -134,16 +137,22 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
   send.first_token = first_token;
   // Expiry counts from when P is done, not from the claim.
   expiry_.Arm(s, now + options_.abort_timeout);
-  // Pulls that waited for the prefill now wait for a sender, in arrival
-  // order. One that asks for more blocks than the prompt has is refused.
+  // A pull that waited for the prefill with another fingerprint ends the
+  // send (kMismatch; see Pull). The others now wait for a sender, in
+  // arrival order; one that asks for more blocks than the prompt has is
+  // refused.
+  for (uint32_t i = send.items.head; i != kNil; i = items_[i].in_send.next) {
+    if (!PromptMatches(send.prompt_hash, items_[i].prompt_hash)) {
+      ++stats_.prompt_mismatch;
+      EndSend(s, TransferResult::kMismatch, now);
+      return Status::Ok();
+    }
+  }
   uint32_t i = send.items.head;
   while (i != kNil) {
     const uint32_t next = items_[i].in_send.next;
     KV_CHECK(items_[i].state == ItemState::kWaiting);
-    if (!PromptMatches(send.prompt_hash, items_[i].prompt_hash)) {
-      ++stats_.prompt_mismatch;
-      AnswerItem(i, TransferResult::kMismatch);
-    } else if (items_[i].dst.size() > send.blocks.size()) {
+    if (items_[i].dst.size() > send.blocks.size()) {
       ++stats_.items_rejected;
       AnswerItem(i, TransferResult::kRejected);
     } else {
@@ -263,8 +272,14 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
     }
     if (sends_[s].claimed &&
         !PromptMatches(sends_[s].prompt_hash, item->prompt_hash)) {
+      // The KV is not what its consumer expects (another prompt under this
+      // id, or computed under the other side's weights while an update
+      // reached one side first). That D engine is the only one bound to the
+      // transfer and recomputes on this answer, so nobody will pull it: the
+      // send ends now, not at expiry.
       ++stats_.prompt_mismatch;
       Answer(peer, pull_seq, item->transfer, TransferResult::kMismatch);
+      EndSend(s, TransferResult::kMismatch, now);
       continue;
     }
     if (sends_[s].state == SendState::kReady &&
@@ -291,13 +306,6 @@ void SendTable::HandleRelease(const PullItem& item, PeerId peer, uint64_t seq,
       !BindConsumer(found, peer)) {
     // Another D engine's release must not end this send.
     Answer(peer, seq, t, TransferResult::kRejected);
-    return;
-  }
-  if (found != kNil && sends_[found].claimed &&
-      !PromptMatches(sends_[found].prompt_hash, item.prompt_hash)) {
-    // A release for another prompt under this id must not end this send.
-    ++stats_.prompt_mismatch;
-    Answer(peer, seq, t, TransferResult::kMismatch);
     return;
   }
   if (found != kNil) {

@@ -182,15 +182,14 @@ class Sut {
           s.prompt_hash = prompt_hash;
           s.placeholder_expiry.reset();  // a running request never expires
           pending_ready_[t] = true;
-          // Pulls that came first for another prompt under this id.
-          for (auto im = items_.begin(); im != items_.end();) {
-            if (im->second.t == t && !PromptMatches(prompt_hash, im->second.prompt_hash)) {
-              exp_ans_[im->first] = {R::kMismatch};
-              im = items_.erase(im);
-            } else {
-              ++im;
-            }
+          // A pull that came first for another prompt under this id ends
+          // the send: every waiting pull is answered kMismatch.
+          bool mismatch = false;
+          for (const auto& [k, item] : items_) {
+            mismatch = mismatch ||
+                       (item.t == t && !PromptMatches(prompt_hash, item.prompt_hash));
           }
+          if (mismatch) End(t, R::kMismatch);
         }
       }
     } else if (auto tb = tombs_.find(t); tb != tombs_.end()) {
@@ -334,7 +333,10 @@ class Sut {
           ended_keys.insert(k);
         } else if (it->second.claimed &&
                    !PromptMatches(it->second.prompt_hash, pi.prompt_hash)) {
-          exp_ans_[k] = {R::kMismatch};  // another prompt's transfer
+          // Another prompt's transfer, for its only consumer: it ends.
+          exp_ans_[k] = {R::kMismatch};
+          ended_keys.insert(k);
+          End(t, R::kMismatch);
         } else {
           Attach(k, pi.dst, pi.prompt_hash);
         }

@@ -1020,13 +1020,25 @@ std::vector<Case> Cases() {
                 Gone(A)}});
 
   // --- prompt fingerprints (transfer_id collisions) ---------------------
-  v.push_back({"PromptMismatchRefusedTransferContinues", Opts(),
+  // A pull with another fingerprint comes from the transfer's only
+  // consumer (the D engine bound to it), which recomputes on the answer:
+  // nobody will pull this KV, so the send ends now instead of at expiry
+  // (a weight update that reached D before P held P's blocks 480 s).
+  v.push_back({"PromptMismatchEndsTheSend", Opts(),
                {At(S(0)), ClaimH(A, 1, 7), Ready(A), At(S(1)),
                 Pull(P1, 1, {PiH(A, 8)}), AnsweredNow(P1, 1, A, R::kMismatch),
-                NotStarted(P1, 1, A), State(A, SendState::kReady),
+                NotStarted(P1, 1, A), FinishedNow(A, R::kMismatch), Tomb(A),
                 Stat("prompt_mismatch", &SendTableStats::prompt_mismatch, 1),
-                Pull(P1, 2, {PiH(A, 7)}), Writing(P1, 2, A), Done(P1, 2, A),
-                AnsweredNow(P1, 2, A, R::kOk), FinishedNow(A, R::kOk), Gone(A)}});
+                Pull(P1, 2, {PiH(A, 7)}), AnsweredNow(P1, 2, A, R::kMismatch)}});
+  v.push_back({"PromptMismatchEndsTheSendWhileAWriteRuns", Opts(),
+               {At(S(0)), ClaimH(A, 2, 7), Ready(A), Pull(P1, 1, {PiH(A, 7)}),
+                Writing(P1, 1, A), Pull(P2, 1, {PiH(A, 8)}),
+                AnsweredNow(P2, 1, A, R::kMismatch), NotFinished(A), DoneLingering(A),
+                Done(P1, 1, A), Answered(P1, 1, A, {R::kOk, R::kMismatch}, true),
+                FinishedNow(A, R::kMismatch), Tomb(A)}});
+  v.push_back({"AReleaseWithAnotherFingerprintEndsTheSend", Opts(),
+               {At(S(0)), ClaimH(A, 1, 7), Ready(A), At(S(1)),
+                Pull(P1, 1, {Rel(A)}), FinishedNow(A, R::kReleased), Tomb(A)}});
   v.push_back({"PromptZeroIsNotChecked", Opts(),
                {At(S(0)), ClaimH(A, 1, 0), Pull(P1, 1, {PiH(A, 9)}),
                 Unanswered(P1, 1, A), ClaimH(B, 1, 5), Pull(P1, 2, {PiH(B, 0)}),
@@ -1035,19 +1047,11 @@ std::vector<Case> Cases() {
                 Answered(P1, 1, A, {R::kOk}), Finished(A, R::kOk),
                 Finished(B, R::kOk),
                 Stat("prompt_mismatch", &SendTableStats::prompt_mismatch, 0)}});
-  v.push_back({"PlaceholderPullsOfAnotherPromptRefusedAtClaim", Opts(),
+  v.push_back({"PlaceholderPullOfAnotherPromptEndsTheSendAtClaim", Opts(),
                {At(S(0)), Pull(P1, 1, {PiH(A, 8)}), Pull(P2, 1, {PiH(A, 7)}),
                 At(S(1)), ClaimH(A, 2, 7), AnsweredNow(P1, 1, A, R::kMismatch),
-                Unanswered(P2, 1, A), State(A, SendState::kWaiting), At(S(2)),
-                Ready(A), Writing(P2, 1, A), Done(P2, 1, A),
-                AnsweredNow(P2, 1, A, R::kOk), NotFinished(A),
-                State(A, SendState::kReady), Abort(A), FinishedNow(A, R::kAborted),
-                Tomb(A)}});
-  v.push_back({"PlaceholderAllRefusedAtClaimThenNeverExpires", Opts(),
-               {At(S(0)), Pull(P1, 1, {PiH(A, 8)}), At(S(1)), ClaimH(A, 1, 7),
-                AnsweredNow(P1, 1, A, R::kMismatch), TimerAt(S(50)), NoActions(),
-                State(A, SendState::kWaiting), Ready(A), Pull(P1, 2, {PiH(A, 7)}),
-                Done(P1, 2, A), FinishedNow(A, R::kOk), Gone(A)}});
+                AnsweredNow(P2, 1, A, R::kMismatch), Tomb(A), At(S(2)),
+                Ready(A, SC::kCancelled), NoActions()}});
   return v;
 }
 

@@ -33,6 +33,7 @@ enum class EventKind : uint8_t {
   kReadDone,       // a = read slot (read mode)
   kRankAbort,      // a = request, b = P engine, c = rank, x = incarnation:
                    // the server's fast abort reaches one of P's ranks
+  kDrainCheck,     // a matrix case: every request ended a while ago
 };
 
 struct Event {

@@ -28,6 +28,7 @@ const char* KindName(EventKind k) {
     case EventKind::kReconnect: return "reconnect";
     case EventKind::kReadDone: return "read_done";
     case EventKind::kRankAbort: return "rank_abort";
+    case EventKind::kDrainCheck: return "drain_check";
   }
   return "?";
 }
@@ -356,6 +357,9 @@ void Simulator::Dispatch(const Event& ev) {
     case EventKind::kRankAbort:
       if (ev.x == nodes_[ev.b].incarnation) RankAbort(ev.a, ev.b, ev.c);
       break;
+    case EventKind::kDrainCheck:
+      CheckPromptDrain();
+      break;
     case EventKind::kEngineStep: {
       Node& node = nodes_[ev.b];
       if (ev.x != node.incarnation) break;
@@ -506,6 +510,31 @@ void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) 
     c.outcome = outcome;
     // ...and a D leg that fails makes P drop the request at once.
     if (outcome != LegOutcome::kOk) SendAbort(request, c.p);
+  }
+  // A matrix case (no faults): once every request ended, nothing may hold
+  // blocks for long — a transfer left waiting for a timeout would.
+  if (params_.plan.enabled && !drain_check_armed_ && first_probe_ == UINT32_MAX &&
+      clients_.size() == params_.num_requests) {
+    for (const Client& k : clients_) {
+      if (!k.p_ended || !k.d_ended) return;
+    }
+    drain_check_armed_ = true;
+    queue_.Push(Event{now_ + kPromptDrain, 0, EventKind::kDrainCheck, 0, 0, 0, 0});
+  }
+}
+
+// kPromptDrain after the last request of a matrix case ended, every block
+// must be back: what still holds one is a send, lease or load waiting for a
+// timeout (abort_timeout is 480 s), the leak lifecycle.md forbids.
+void Simulator::CheckPromptDrain() {
+  for (uint32_t e = 0; e < nodes_.size(); ++e) {
+    const size_t held = nodes_[e].engine->pool().num_referenced();
+    if (held != 0) {
+      Violation("engine " + std::to_string(e) + " still holds " + std::to_string(held) +
+                " blocks " + std::to_string(kPromptDrain.seconds()) +
+                " s after the last request ended (a transfer waits for a timeout)");
+      return;
+    }
   }
 }
 

@@ -207,6 +207,7 @@ class Simulator {
   uint64_t ConnKey(uint32_t e1, uint32_t r1, uint32_t e2, uint32_t r2) const;
   void CheckAll();
   void CheckDrained();
+  void CheckPromptDrain();
   void Trace(const Event& ev);
   void TraceAction(uint32_t e, const engine::EngineAction& a);
   bool faults_on() const { return !faults_over_; }
@@ -247,6 +248,8 @@ class Simulator {
   };
   std::map<std::pair<uint32_t, uint64_t>, PlannedOp> planned_;
   uint32_t first_probe_ = UINT32_MAX;
+  bool drain_check_armed_ = false;
+  static constexpr Duration kPromptDrain = Duration::Seconds(10);
   SimResult result_;
 };
 
