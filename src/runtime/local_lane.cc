@@ -80,6 +80,28 @@ LocalLane::LocalLane(int fd, const LaneLimits& limits) : fd_(fd), limits_(limits
   KV_CHECK(fd_ >= 0);
   const int flags = fcntl(fd_, F_GETFL);
   if (flags >= 0 && (flags & O_NONBLOCK) == 0) fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof cred) {
+    peer_pid_ = cred.pid;
+  }
+}
+
+bool ProcessGone(int pid) {
+  if (pid <= 0) return false;
+  // /proc/<pid>/stat: "pid (comm) S ...": gone if absent, a zombie (Z) or
+  // dead (X).
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[512];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // comm may hold spaces or ')'
+  if (paren == nullptr || paren[1] != ' ') return false;
+  return paren[2] == 'Z' || paren[2] == 'X';
 }
 
 LocalLane::~LocalLane() {

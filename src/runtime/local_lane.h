@@ -56,6 +56,11 @@ struct LaneLimits {
   size_t max_bytes = 64u << 20;          // outgoing queue, bytes
 };
 
+// True only if the kernel says process `pid` is gone: no such pid, or a
+// zombie (a SIGKILLed process stays one until reaped). A process that is
+// still exiting — its sockets already closed — is not gone yet: ask again.
+bool ProcessGone(int pid);
+
 class LocalLane {
  public:
   enum class SendResult : uint8_t { kSent, kQueueFull, kBroken };
@@ -74,6 +79,13 @@ class LocalLane {
   const std::string& why_broken() const { return why_; }
   // Broken because the peer closed its end (EOF), not for a fault.
   bool peer_closed() const { return peer_closed_; }
+  // The peer's process, from the kernel at connect/accept (SO_PEERCRED; 0
+  // if unknown, e.g. in another pid namespace).
+  int peer_pid() const { return peer_pid_; }
+  // True only if the kernel says the peer's process is gone (see
+  // ProcessGone): proof of death, where an EOF alone may be a peer that
+  // closed the lane and lives on.
+  bool PeerProcessGone() const { return ProcessGone(peer_pid_); }
   // True while frames wait for the socket to take them (poll for POLLOUT).
   bool wants_write() const { return !out_.empty(); }
   size_t queued_frames() const { return out_.size(); }
@@ -110,6 +122,7 @@ class LocalLane {
   const LaneLimits limits_;
   bool broken_ = false;
   bool peer_closed_ = false;
+  int peer_pid_ = 0;
   std::string why_;
   std::string identity_;
   Instant attach_deadline_;

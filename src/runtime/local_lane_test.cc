@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -67,6 +69,38 @@ TEST(LaneAttach, RoundTripsAndRefusesOtherFrames) {
 TEST(LaneAddress, NamesEngineRankAndPort) {
   EXPECT_EQ(LaneAddress(2, 1, 7001), "kvrelay/lane/e2/r1/p7001");
   EXPECT_NE(LaneAddress(2, 1, 7001), LaneAddress(3, 1, 7001));
+}
+
+// Both ends learn the other's process from the kernel (here: this one).
+TEST(LocalLane, EachEndKnowsThePeersProcess) {
+  Pair pair = Connect("pid");
+  EXPECT_EQ(pair.d->peer_pid(), getpid());
+  EXPECT_EQ(pair.p->peer_pid(), getpid());
+  EXPECT_FALSE(pair.d->PeerProcessGone());
+}
+
+// ProcessGone is proof of death only: a live process is not gone, a killed
+// one is once the kernel made it a zombie, and stays so once reaped.
+TEST(ProcessGone, OnlyForAProcessTheKernelEnded) {
+  EXPECT_FALSE(ProcessGone(0));
+  EXPECT_FALSE(ProcessGone(getpid()));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  EXPECT_FALSE(ProcessGone(child));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  bool gone = false;
+  for (int i = 0; i < 1000 && !gone; ++i) {  // a zombie within ms
+    gone = ProcessGone(child);
+    if (!gone) usleep(1000);
+  }
+  EXPECT_TRUE(gone) << "a killed, unreaped child is a zombie";
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(ProcessGone(child)) << "reaped: no such pid";
 }
 
 TEST(LocalLane, FramesArriveWholeAndInOrderBothWays) {

@@ -518,6 +518,7 @@ void RankActor::Heartbeat(Instant now) {
   for (auto& [key, c] : conns_) {
     SendToP(c, HelloFor(c));
     if (!c.known) continue;
+    CheckLanePeerGone(key, c, now);
     const Duration silent = now - c.last_heard;
     if (c.state == Conn::kUp && silent > options_.peer_down_after) {
       c.state = Conn::kDown;
@@ -525,16 +526,30 @@ void RankActor::Heartbeat(Instant now) {
       Log("rank", "P %s silent for %.1f s: down", c.endpoint.c_str(), silent.seconds());
     }
     if (c.state == Conn::kDown && silent > options_.peer_dead_after) {
-      c.state = Conn::kGone;
-      ++counters_.peers_gone;
-      Log("rank", "P %s silent for %.1f s: gone; its loads fail now", c.endpoint.c_str(),
-          silent.seconds());
-      conn_.PeerGone(c.peer, now);
-      // A new request naming this engine must see a live handshake first.
-      MutexLock lock(&known_mu_);
-      known_.erase(key);
+      char why[64];
+      std::snprintf(why, sizeof why, "silent for %.1f s", silent.seconds());
+      DeclareGone(key, c, now, why);
     }
   }
+}
+
+void RankActor::CheckLanePeerGone(const ConnKey& key, Conn& c, Instant now) {
+  if (c.closed_lane_pid == 0 || !ProcessGone(c.closed_lane_pid)) return;
+  c.closed_lane_pid = 0;
+  DeclareGone(key, c, now, "exited (its local lane closed, its process is gone)");
+}
+
+// The one place a P incarnation is declared gone: its loads fail now (and
+// recompute or fail by policy), and a new request naming this engine must
+// see a live handshake first.
+void RankActor::DeclareGone(const ConnKey& key, Conn& c, Instant now, const std::string& why) {
+  if (!c.known || c.state == Conn::kGone) return;
+  c.state = Conn::kGone;
+  ++counters_.peers_gone;
+  Log("rank", "P %s %s: gone; its loads fail now", c.endpoint.c_str(), why.c_str());
+  conn_.PeerGone(c.peer, now);
+  MutexLock lock(&known_mu_);
+  known_.erase(key);
 }
 
 bool RankActor::SendFrame(void* sock, const std::string* identity,

@@ -22,7 +22,9 @@
 // and the reply that ends the silence triggers Reconnected (unanswered
 // pulls are resent with the budget they have left); silence for
 // `peer_dead_after` declares it gone (PeerGone: its loads fail now, and
-// recompute or fail by policy, instead of waiting out the timeout).
+// recompute or fail by policy, instead of waiting out the timeout). A P
+// whose local lane closed and whose process the kernel reports gone
+// (SO_PEERCRED's pid absent or a zombie) is declared gone at once.
 //
 // Local lane (`local_lane`): P also listens on a Unix socket
 // (runtime/local_lane.h) and a D rank on the same host (shm, or a P whose
@@ -230,6 +232,10 @@ class RankActor {
     void* sock = nullptr;
     bool same_host = false;           // shm, or P's control host is this one
     std::unique_ptr<LocalLane> lane;  // the same-host path, when open
+    // P's process, if its lane was closed by P's end: checked each
+    // heartbeat until the kernel reports it gone (or a handshake shows P
+    // alive), since the socket closes before the process has exited.
+    int closed_lane_pid = 0;
     bool known = false;
     PeerId peer;
     enum State : uint8_t { kConnecting, kUp, kDown, kGone } state = kConnecting;
@@ -261,6 +267,10 @@ class RankActor {
   std::vector<uint8_t> HelloFor(Conn& c);
   std::vector<uint8_t> ReplyTo(const std::string& identity, const HandshakeMsg& hello);
   void Heartbeat(Instant now) EXCLUDES(known_mu_);
+  using ConnKey = std::pair<uint32_t, uint32_t>;  // (P engine, P rank)
+  void DeclareGone(const ConnKey& key, Conn& c, Instant now, const std::string& why)
+      EXCLUDES(known_mu_);
+  void CheckLanePeerGone(const ConnKey& key, Conn& c, Instant now) EXCLUDES(known_mu_);
   void Pump();
   void SendOut(OutMessage out);
   void StartWriteJob(StartWrite w);
@@ -307,7 +317,7 @@ class RankActor {
   void OpenLane(Conn& c);
   void AcceptLanes();                 // P
   void ReadDLane(LocalLane& lane);    // P: frames from a D rank's lane
-  void SweepLanes();                  // drops broken lanes, both sides
+  void SweepLanes() EXCLUDES(known_mu_);  // drops broken lanes, both sides
 
   const RankActorOptions options_;
   void* const zmq_;

@@ -188,6 +188,7 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
   const Instant now = MonoNow();
   const PeerId peer{hs.engine_id * kRanksPerEngine + hs.rank, hs.incarnation};
   if (c.known && peer.generation < c.peer.generation) return;  // stale
+  c.closed_lane_pid = 0;  // a P that answers is alive
   if (!c.known || peer.generation > c.peer.generation) {
     // A P incarnation we did not know: only hellos are in flight to it,
     // so its frames can move to a lane now without passing each other. (A

@@ -136,6 +136,13 @@ void RankActor::SweepLanes() {
   for (auto& [key, c] : conns_) {
     if (c.lane != nullptr && c.lane->broken()) {
       note(*c.lane, "to " + c.endpoint);
+      // P's end closed: if the kernel says its process is gone (now, or at
+      // a heartbeat soon after: the socket closes while P still exits), P
+      // is dead now, not after peer_dead_after of silence (rule 8).
+      if (c.lane->peer_closed()) {
+        c.closed_lane_pid = c.lane->peer_pid();
+        CheckLanePeerGone(key, c, MonoNow());
+      }
       retired_lanes_.push_back(std::move(c.lane));
     }
   }

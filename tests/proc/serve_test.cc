@@ -1328,6 +1328,38 @@ TEST_F(PeerDeathTest, PKilledWhileDPullsWaits) {
   EXPECT_TRUE(WaitFor([&] { return d_->IdleAndEmpty(); }, 15s)) << EngineSummary(*d_);
 }
 
+// Rule 8: a P whose process is gone is dead now. Over the local lane D sees
+// the kernel close P's end and checks that P's process is gone, so its
+// loads fail (and recompute) at once, not after --peer-dead-after-s (10 s
+// by default: the silence timer is for peers that go quiet).
+TEST_F(PeerDeathTest, PKilledIsKnownDeadAtOnceOverTheLane) {
+  PairConfig c;
+  c.abort_timeout_s = 30;
+  START_PAIR("shm", c);
+  const Tokens prompt = RandomPrompt(rng_, 80);
+  const std::string transfer = NewTransferId(rng_);
+  HttpReply d_reply;
+  std::thread d_leg([&] {
+    d_reply = d_->Post("/v1/completions",
+                       DecodeBody(prompt, 6, p_->RemotePrefillParams(transfer)), 20s);
+  });
+  ASSERT_TRUE(WaitFor([&] { return HasTransfer(d_->DebugState(), "loads", transfer); }, 5s, 5ms))
+      << EngineSummary(*d_);
+  ASSERT_GE(MetricSum(d_->Metrics(), "kvrelay_lane_frames_sent_total"), 1) << "the pair uses the lane";
+  const auto killed = Clock::now();
+  p_->proc().Kill(SIGKILL);
+  d_leg.join();
+  const double took = SecondsSince(killed);
+  std::printf("[info] D answered %.3f s after P was killed (peer_dead_after 10 s)\n", took);
+  EXPECT_LT(took, 3.0) << Describe(d_reply);
+  const Choice got = ChoiceOf(d_reply);
+  ASSERT_TRUE(got.ok) << Describe(d_reply);
+  EXPECT_EQ(got.tokens, Expected(prompt, 1, 6)) << Describe(d_reply);
+  EXPECT_GE(MetricSum(d_->Metrics(), "kvrelay_peers_gone_total"), 1);
+  ASSERT_TRUE(p_->proc().Wait(5s).has_value());
+  EXPECT_TRUE(WaitFor([&] { return d_->IdleAndEmpty(); }, 15s)) << EngineSummary(*d_);
+}
+
 // --- SIGTERM ------------------------------------------------------------------------------
 
 class ShutdownTest : public ServeFixture {};
