@@ -51,6 +51,7 @@ struct ServeCliOptions {
   double step_per_token_us = 20;
   double peer_dead_after_s = 10;
   std::string load_failure_policy = "recompute";
+  double max_queue_wait_s = 300;
   uint32_t http_threads = 512;
   size_t max_body_bytes = size_t{1} << 20;
   uint32_t max_prompt_tokens = 0;
@@ -94,6 +95,11 @@ int RunServe(const ServeCliOptions& o) {
     std::fprintf(stderr, "kvrelay serve: --load-failure-policy must be recompute or fail\n");
     return 2;
   }
+  if (!(o.max_queue_wait_s >= 0)) {
+    std::fprintf(stderr, "kvrelay serve: --max-queue-wait-s must be >= 0 (0: no bound)\n");
+    return 2;
+  }
+  eo.max_queue_wait = Duration::Microseconds(static_cast<int64_t>(o.max_queue_wait_s * 1e6));
   eo.tp = o.tp;
   eo.engine_id = o.engine_id != 0 ? o.engine_id : o.port;
   eo.incarnation = runtime::NewIncarnation();
@@ -302,6 +308,11 @@ void RegisterServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--load-failure-policy", o->load_failure_policy,
                   "a failed KV load: recompute | fail")
+      ->capture_default_str();
+  cmd->add_option("--max-queue-wait-s", o->max_queue_wait_s,
+                  "a request with no token this long after it arrived (queued behind a pause "
+                  "or a sleep, or waiting for KV that does not come) ends with a clean error; "
+                  "0: wait for resume / wake_up however long")
       ->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP connections served at once")
       ->capture_default_str();

@@ -115,6 +115,7 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kPrefixHit,           Mark::kPullResent,
     Mark::kReanswered,          Mark::kFastAbort,
     Mark::kFastAbortBeforeClaim, Mark::kProducerToken,
+    Mark::kQueueWaitExpired,
     // read mode
     Mark::kLeaseExpired,        Mark::kLeaseExpiredRevoking,
     Mark::kLeaseExtended,       Mark::kRevokeSent,

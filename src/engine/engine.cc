@@ -36,7 +36,7 @@ uint64_t Engine::Fingerprint(const Request& r) const {
   return PrefixHash(weights_, std::span<const Token>(r.seq.data(), r.prompt_len)) | 1;
 }
 
-Status Engine::AddRequest(RequestSpec spec, Instant /*now*/) {
+Status Engine::AddRequest(RequestSpec spec, Instant now) {
   const ModelShape& shape = options_.shape;
   if (spec.prompt.empty()) return InvalidArgumentError("empty prompt");
   if (spec.max_tokens == 0) return InvalidArgumentError("max_tokens must be at least 1");
@@ -67,6 +67,7 @@ Status Engine::AddRequest(RequestSpec spec, Instant /*now*/) {
   r.client = spec.client;
   r.id = RequestId{next_slot_++, options_.incarnation};
   r.arrival = next_arrival_++;
+  r.arrived_at = now;
   r.prompt_len = static_cast<uint32_t>(spec.prompt.size());
   r.seq = std::move(spec.prompt);
   r.max_tokens = remote_decode ? 1 : spec.max_tokens;  // P emits one token
@@ -105,13 +106,13 @@ void Engine::Erase(uint64_t client) {
   requests_.erase(it);
 }
 
-void Engine::AbortOne(Request& r) {
+void Engine::AbortOne(Request& r, FinishReason reason, const std::string& detail) {
   switch (r.phase) {
     case Phase::kWaiting:
     case Phase::kRunning: {
       const bool delay = connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true);
       KV_CHECK(!delay);
-      Finish(r, FinishReason::kAborted);
+      Finish(r, reason, detail);
       return;
     }
     case Phase::kWaitingRemote:
@@ -119,7 +120,7 @@ void Engine::AbortOne(Request& r) {
       // producer answered. The client learns now.
       KV_CHECK(connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true));
       r.phase = Phase::kReleasing;
-      actions_.push_back(RequestDone{r.client, FinishReason::kAborted, ""});
+      actions_.push_back(RequestDone{r.client, reason, detail});
       return;
     case Phase::kHeld:
       connector_.AbortHeld(r.id);
@@ -245,6 +246,7 @@ EngineSnapshot Engine::Snapshot() const {
   s.sleeping = IsSleeping();
   s.weights_version = weights_;
   s.producer_tokens = stats_.producer_tokens;
+  s.queue_wait_expired = stats_.queue_wait_expired;
   for (const auto& [c, r] : requests_) {
     switch (r.phase) {
       case Phase::kWaiting: ++s.waiting; break;

@@ -83,6 +83,11 @@ struct EngineOptions {
   bool producer_first_token = true;
   Duration step_base = Duration::Microseconds(500);
   Duration step_per_token = Duration::Microseconds(20);
+  // A request that has produced no token this long after it arrived —
+  // queued behind a pause or a sleep, or waiting for KV that does not
+  // come — ends with a clean error (FinishReason::kError). Zero: no bound
+  // (requests wait for resume / wake_up however long that takes).
+  Duration max_queue_wait = Duration::Zero();
 };
 
 struct RequestSpec {
@@ -121,6 +126,7 @@ struct EngineSnapshot {
   size_t blocks_used = 0, blocks_free = 0, blocks_cached = 0;
   size_t pending_ops = 0;
   uint64_t producer_tokens = 0;  // D: first tokens emitted as P computed them
+  uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
 };
 
 class Engine {
@@ -157,6 +163,11 @@ class Engine {
   // out now instead of at the next step. Schedules nothing and costs no
   // compute: what it does, the next Step would have done first.
   void Control();
+  // Control() after ending every request that waited past
+  // options.max_queue_wait without producing a token. The runtime calls it
+  // while the engine has no step to run (paused, asleep, idle); Step()
+  // applies the same bound.
+  void Tick(Instant now);
   // True if a step now would do something (requests to run, an operation
   // in progress).
   bool HasWork() const { return dirty_; }
@@ -182,6 +193,7 @@ class Engine {
     uint64_t client = 0;
     RequestId id;
     uint64_t arrival = 0;          // admission order, for queue order
+    Instant arrived_at;            // for max_queue_wait
     std::vector<Token> seq;        // prompt then generated tokens
     uint32_t prompt_len = 0;
     uint32_t max_tokens = 0;
@@ -219,7 +231,10 @@ class Engine {
   // requests (engine.cc)
   void ApplyFinished(const EngineFinished& f);
   void Finish(Request& r, FinishReason reason, const std::string& error = "");
-  void AbortOne(Request& r);
+  // Ends `r` as the client's abort does; `reason` kError (with `detail`)
+  // for a request the engine itself gives up on.
+  void AbortOne(Request& r, FinishReason reason = FinishReason::kAborted,
+                const std::string& detail = "");
   void FreeBlocks(Request& r);
   void DropKv(Request& r);   // preempt: free KV, 0 computed, back to waiting
   void Requeue(uint64_t client);
@@ -242,6 +257,7 @@ class Engine {
   void ProgressControl();
   bool Quiesce(ControlOp& op);
   bool NeedsReset(const ControlOp& op) const;
+  void ExpireUnstarted(Instant now);
   bool DrainWaitsFor(const Request& r) const;
   void FinishOp(ControlOp& op);
   void Done(uint64_t op, bool ok, std::string detail = "");
@@ -270,6 +286,7 @@ class Engine {
   bool dirty_ = false;       // an input or the last step changed something
   bool resetting_ = false;   // a cache reset released transfers, not done
   bool kv_discarded_ = false;  // sleep >= 1 / release: wake re-registers
+  Instant next_expiry_scan_;   // ExpireUnstarted looks again at or after it
   std::vector<uint64_t> read_scratch_;  // Generate's digests, reused
   struct Stats {
     uint64_t preemptions = 0;
@@ -277,6 +294,7 @@ class Engine {
     uint64_t loads_failed = 0;
     uint64_t prefix_hits = 0;
     uint64_t producer_tokens = 0;  // D: first tokens emitted as P computed them
+    uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
   } stats_;
 
  public:

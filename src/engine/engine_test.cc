@@ -1051,6 +1051,50 @@ TEST(ProducerLifecycleTest, PauseWaitDoesNotWaitForExportsToFreeBlocks) {
   EXPECT_EQ(h.engine().Snapshot().held, 1u);
 }
 
+// Lifecycle hole 5: a request that arrives while the engine is paused
+// waits for resume — but never past max_queue_wait, after which it ends
+// with a clean error. A request that already produced a token is kept.
+TEST(QueueWaitTest, ARequestQueuedBehindAPauseEndsAtItsDeadline) {
+  EngineOptions o = PlainOptions();
+  o.max_queue_wait = Duration::Seconds(2);
+  Harness h(o);
+  h.MustAdd(1, MakePrompt(1, 8), 50);
+  ASSERT_TRUE(h.StepUntil([&] { return !h.clients[1].tokens.empty(); }));
+  const uint64_t op = h.engine().Pause(PauseMode::kKeep, false);
+  ASSERT_TRUE(h.RunUntilOp(op, 5));
+  const Instant paused_at = h.now;
+  h.MustAdd(2, MakePrompt(2, 8), 4);
+  h.engine().Tick(paused_at + Duration::Milliseconds(1900));
+  h.Drain();
+  EXPECT_TRUE(h.clients[2].dones.empty()) << "still within its deadline";
+  h.engine().Tick(paused_at + Duration::Milliseconds(2100));
+  h.Drain();
+  ASSERT_EQ(h.clients[2].dones.size(), 1u);
+  EXPECT_EQ(h.clients[2].dones[0].reason, FinishReason::kError);
+  EXPECT_NE(h.clients[2].dones[0].error.find("max_queue_wait"), std::string::npos);
+  EXPECT_TRUE(h.clients[1].dones.empty()) << "a started request is kept";
+  EXPECT_EQ(h.engine().stats().queue_wait_expired, 1u);
+  h.now = paused_at + Duration::Milliseconds(2200);
+  h.Resume();
+  ASSERT_TRUE(h.RunToIdle());
+  h.ExpectReference(1, 1);
+  EXPECT_EQ(h.engine().pool().num_referenced(), 0u);
+}
+
+// Zero (the engine's default; serve sets 300 s): no bound.
+TEST(QueueWaitTest, ZeroWaitsForResumeHoweverLong) {
+  Harness h(PlainOptions());
+  const uint64_t op = h.engine().Pause(PauseMode::kKeep, false);
+  ASSERT_TRUE(h.RunUntilOp(op, 5));
+  h.MustAdd(1, MakePrompt(3, 8), 4);
+  h.engine().Tick(h.now + Duration::Seconds(100000));
+  h.Drain();
+  EXPECT_TRUE(h.clients[1].dones.empty());
+  h.Resume();
+  ASSERT_TRUE(h.RunToIdle());
+  h.ExpectReference(1, 1);
+}
+
 TEST(EngineControlTest, AbortOfHeldSendLeavesAtControlNotAtNextStep) {
   EngineOptions o = PlainOptions();
   o.role = Role::kProducer;

@@ -150,6 +150,37 @@ bool Engine::NeedsReset(const ControlOp& op) const {
   }
 }
 
+void Engine::Tick(Instant now) {
+  ExpireUnstarted(now);
+  Control();
+}
+
+// options.max_queue_wait: a request that has produced no token that long
+// after it arrived ends with a clean error, whatever holds it — a pause or
+// a sleep it arrived into, a queue that does not move, KV that does not
+// come. vLLM lets such requests wait for resume / wake_up with no bound;
+// an operator's deadline (serve --max-queue-wait-s) gives the client an
+// answer instead. A request that produced a token is never cut here.
+void Engine::ExpireUnstarted(Instant now) {
+  if (options_.max_queue_wait <= Duration::Zero() || now < next_expiry_scan_) return;
+  next_expiry_scan_ = now + Duration::Milliseconds(100);  // O(requests) a scan: not every step
+  std::vector<uint64_t> late;
+  for (const auto& [c, r] : requests_) {
+    const bool unstarted = r.generated == 0 && (r.phase == Phase::kWaiting ||
+                                                 r.phase == Phase::kWaitingRemote);
+    if (unstarted && now - r.arrived_at >= options_.max_queue_wait) late.push_back(c);
+  }
+  std::sort(late.begin(), late.end());  // deterministic order
+  for (uint64_t c : late) {
+    ++stats_.queue_wait_expired;
+    AbortOne(requests_.at(c), FinishReason::kError,
+             "no token within max_queue_wait (" +
+                 std::to_string(options_.max_queue_wait.seconds()) +
+                 " s): the engine is paused, asleep or overloaded");
+  }
+  if (!late.empty()) dirty_ = true;
+}
+
 void Engine::Control() {
   ProgressControl();
   ConnectorMetadata meta = connector_.BuildMetadata();

@@ -11,11 +11,12 @@ bool Engine::SchedulingAllowed() const {
   return state_ == EngineState::kActive && !frozen_ && weights_loaded_;
 }
 
-Duration Engine::Step(std::span<const RankReport> reports, Instant /*now*/) {
+Duration Engine::Step(std::span<const RankReport> reports, Instant now) {
   dirty_ = false;
   for (uint32_t rank = 0; rank < reports.size(); ++rank) {
     if (!reports[rank].empty()) ApplyFinished(connector_.OnRankReport(rank, reports[rank]));
   }
+  ExpireUnstarted(now);
   ProgressControl();
   const uint32_t tokens = Schedule();
   if (tokens > 0) dirty_ = true;

@@ -129,6 +129,10 @@ void EngineActor::Loop() {
       SpendCompute(t0 + std::chrono::nanoseconds(compute.ns()), &fns);
       continue;
     }
+    // No step to run (idle, paused, asleep): requests queued behind it
+    // still meet their max_queue_wait.
+    engine_->Tick(MonoNow());
+    Dispatch();
     inbox_.WaitUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
   }
   // Closures posted while stopping still run, so no caller waits forever.

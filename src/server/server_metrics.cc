@@ -118,6 +118,10 @@ ServerMetrics::ServerMetrics() {
           "D: requests whose first token was the one P computed, emitted without a step on "
           "the loaded KV",
           {}, [s] { return s->engine.producer_tokens; });
+  counter("kvrelay_requests_queue_wait_expired_total",
+          "requests ended with an error for producing no token within --max-queue-wait-s "
+          "(queued behind a pause or a sleep)",
+          {}, [s] { return s->engine.queue_wait_expired; });
   const char* kTrHelp = "live sends (P), by state, summed over ranks";
   for (SendState st : {SendState::kWaiting, SendState::kReady, SendState::kDone}) {
     gauge("kvrelay_transfers", kTrHelp, {{"state", SendStateName(st)}}, [s, st] {

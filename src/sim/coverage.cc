@@ -45,6 +45,7 @@ std::string_view MarkName(Mark m) {
     case Mark::kFastAbort: return "fast_abort";
     case Mark::kFastAbortBeforeClaim: return "fast_abort_before_claim";
     case Mark::kProducerToken: return "producer_token";
+    case Mark::kQueueWaitExpired: return "queue_wait_expired";
     case Mark::kCount: break;
   }
   return "?";

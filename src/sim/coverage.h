@@ -54,6 +54,7 @@ enum class Mark : uint8_t {
   kFastAbort,                // P's server ended a send straight at its ranks
   kFastAbortBeforeClaim,     //   ... before the engine's claim reached the rank
   kProducerToken,            // D emitted the first token P handed over
+  kQueueWaitExpired,         // a request with no token ended at max_queue_wait
   kCount
 };
 

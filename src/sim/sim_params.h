@@ -80,6 +80,9 @@ struct SimParams {
   uint32_t fast_abort_pm = 0;
   uint32_t early_abort_pm = 0;
   bool both_roles = false;              // every engine (and rank) is role "both"
+  // engine::EngineOptions::max_queue_wait (0: none): a request with no
+  // token this long after arriving ends with an error.
+  Duration max_queue_wait = Duration::Zero();
   Duration fault_phase = Duration::Seconds(1);  // faults stop after this
 
   // Read mode (core/lease_table.h): D reads P's blocks under a lease.

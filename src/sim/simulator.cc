@@ -69,6 +69,7 @@ void Simulator::BuildNode(uint32_t e) {
   eo.load_failure_policy = params_.recompute_on_failure ? engine::LoadFailurePolicy::kRecompute
                                                         : engine::LoadFailurePolicy::kFail;
   eo.step_base = params_.step_time;
+  eo.max_queue_wait = params_.max_queue_wait;
   node.engine = std::make_unique<engine::Engine>(eo, node.memory.get());
   const ConnectorRole role = params_.both_roles ? ConnectorRole::kBoth
                             : node.producer      ? ConnectorRole::kProducer
@@ -223,6 +224,7 @@ SimResult Simulator::Run() {
     Hit(Mark::kPoolPressure, node.engine->stats().preemptions);
     Hit(Mark::kPrefixHit, node.engine->stats().prefix_hits);
     Hit(Mark::kProducerToken, node.engine->stats().producer_tokens);
+    Hit(Mark::kQueueWaitExpired, node.engine->stats().queue_wait_expired);
     for (const auto& rank : node.ranks) {
       if (const SendTable* s = rank->send_table()) {
         const SendTableStats& st = s->stats();

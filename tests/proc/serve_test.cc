@@ -1040,6 +1040,38 @@ TEST_F(AdminTest, LifecycleCallsUnderNoLoad) {
   ExpectBothIdle();
 }
 
+// Lifecycle hole 5: a request that arrives while the engine is paused
+// waits for resume, but never past --max-queue-wait-s: then the client gets
+// a clean error (finish_reason "error" naming the bound), and the engine
+// counts it; resume serves the next request as usual.
+TEST_F(AdminTest, ARequestQueuedBehindAPauseEndsAtMaxQueueWait) {
+  EngineConfig c;
+  c.name = "plain";
+  c.role = "plain";
+  c.extra = {"--max-queue-wait-s", "1"};
+  std::string err;
+  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  ASSERT_NE(e, nullptr) << err;
+  Call(*e, "/pause?mode=keep");
+  const Tokens prompt = RandomPrompt(rng_, 40);
+  const HttpReply r = e->Post("/v1/completions", PlainBody(prompt, 4), 20s);
+  std::printf("[info] a request into a paused engine answered after %.3f s: HTTP %d\n",
+              r.seconds, r.status);
+  EXPECT_GE(r.seconds, 0.9) << Describe(r);
+  EXPECT_LT(r.seconds, 5.0) << Describe(r);
+  const Choice ch = ChoiceOf(r);
+  EXPECT_EQ(ch.finish_reason, "error") << Describe(r);
+  ASSERT_TRUE(r.is_json()) << Describe(r);
+  EXPECT_NE(r.body.dump().find("max_queue_wait"), std::string::npos) << Describe(r);
+  EXPECT_EQ(MetricSum(e->Metrics(), "kvrelay_requests_queue_wait_expired_total"), 1);
+  Call(*e, "/resume");
+  const HttpReply ok = e->Post("/v1/completions", PlainBody(prompt, 4));
+  const Choice after = ChoiceOf(ok);
+  ASSERT_TRUE(after.ok) << Describe(ok);
+  EXPECT_EQ(after.tokens, Expected(prompt, 1, 4)) << Describe(ok);
+  EXPECT_TRUE(WaitFor([&] { return e->IdleAndEmpty(); }, 10s)) << EngineSummary(*e);
+}
+
 // The same calls on a plain engine serving plain requests.
 TEST_F(AdminTest, PlainEngineUpdateWeights) {
   EngineConfig c;
