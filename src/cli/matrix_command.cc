@@ -116,14 +116,6 @@ std::string OrderFor(const MatrixOptions& m, int index) {
   return kOrders[(x >> 33) % 3];
 }
 
-// Only an abort-mode call or abort_requests may end requests with an error
-// (under --load-failure-policy fail, when P's abort fails D's load); every
-// other call keeps every request (cut-short loads recompute).
-bool MayAbort(const sim::ScenarioPlan& c) {
-  return c.mode == engine::PauseMode::kAbort || c.op == Op::kAbortAll ||
-         c.op == Op::kAbortSome;
-}
-
 struct Row {
   int index = 0;
   std::string name, call, target, order, verdict, why;
@@ -296,7 +288,7 @@ int RunMatrix(const MatrixOptions& m) {
                      std::to_string(m.lease_s) + " s); ";
         }
       }
-      if (row.load.clean_errors > 0 && !MayAbort(c)) {
+      if (row.load.clean_errors > 0 && !c.MayAbort()) {
         calls_ok = false;
         row.why += std::to_string(row.load.clean_errors) +
                    " requests ended with an error although the call aborts nothing; ";

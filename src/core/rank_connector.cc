@@ -39,7 +39,8 @@ void RankConnector::SetPeer(uint32_t engine, uint32_t rank, PeerId peer,
   if (inserted || it->second == peer) return;
   const PeerId old = it->second;
   it->second = peer;
-  if (old.generation < peer.generation) PeerGone(old, now);
+  gone_.erase({old.index, old.generation});
+  if (old.generation < peer.generation) FailPeer(old, now);
 }
 
 bool RankConnector::AcceptIncarnation(PeerId from) {
@@ -54,12 +55,20 @@ bool RankConnector::AcceptIncarnation(PeerId from) {
 }
 
 void RankConnector::Reconnected(PeerId peer, Instant now) {
+  gone_.erase({peer.index, peer.generation});  // it answered: alive after all
   if (load_) load_->ResendTo(peer, now);
   if (read_) read_->ResendTo(peer, now);
   Pump();
 }
 
 void RankConnector::PeerGone(PeerId peer, Instant now) {
+  for (const auto& [key, current] : peers_) {
+    if (current == peer) gone_.insert({peer.index, peer.generation});
+  }
+  FailPeer(peer, now);
+}
+
+void RankConnector::FailPeer(PeerId peer, Instant now) {
   if (load_) load_->PeerGone(peer, now);
   if (read_) read_->PeerGone(peer, now);
   Pump();
@@ -71,8 +80,8 @@ std::vector<PeerId> RankConnector::ProducersFor(uint32_t engine, uint32_t p_tp,
   *all_known = true;
   for (uint32_t r : ProducerRanksFor(options_.rank, options_.tp, p_tp)) {
     auto it = peers_.find({engine, r});
-    if (it == peers_.end()) {
-      *all_known = false;
+    if (it == peers_.end() || gone_.count({it->second.index, it->second.generation}) != 0) {
+      *all_known = false;  // never handshook, or gone: nobody would answer
       continue;
     }
     out.push_back(it->second);
@@ -298,6 +307,14 @@ void RankConnector::CheckInvariants() const {
   if (load_) load_->CheckInvariants();
   if (lease_) lease_->CheckInvariants();
   if (read_) read_->CheckInvariants();
+  // A gone mark names a peer still current for its (engine, rank).
+  for (const auto& [index, generation] : gone_) {
+    bool current = false;
+    for (const auto& [key, peer] : peers_) {
+      current = current || (peer.index == index && peer.generation == generation);
+    }
+    KV_CHECK(current);
+  }
 }
 
 }  // namespace kvrelay

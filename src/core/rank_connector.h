@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,7 +77,10 @@ class RankConnector {
   // A newer incarnation replacing an older one proves the older process
   // gone: its unanswered pulls fail at once (PeerGone).
   void SetPeer(uint32_t engine, uint32_t rank, PeerId peer, Instant now);
-  // `peer` (that incarnation) is gone for good; see LoadTable::PeerGone.
+  // `peer` (that incarnation) is gone: its unanswered pulls fail now (see
+  // LoadTable::PeerGone), and so does every load started later that needs
+  // it — a request admitted just before the death was known — until a
+  // handshake shows it alive (Reconnected) or a new incarnation (SetPeer).
   void PeerGone(PeerId peer, Instant now);
   // The connection to `peer` was re-established; see LoadTable::ResendTo.
   void Reconnected(PeerId peer, Instant now);
@@ -129,8 +133,13 @@ class RankConnector {
   // Returns false (and counts) if `from` is older than its peer index's
   // newest incarnation seen; records newer ones.
   bool AcceptIncarnation(PeerId from);
+  // Fails `peer`'s unanswered pulls and reads (PeerGone without the mark).
+  void FailPeer(PeerId peer, Instant now);
 
   std::map<std::pair<uint32_t, uint32_t>, PeerId> peers_;
+  // Of the peers in peers_, those declared gone (index, generation): at
+  // most one per entry of peers_.
+  std::set<std::pair<uint32_t, uint32_t>> gone_;
   std::unordered_map<uint32_t, uint32_t> newest_incarnation_;
   std::deque<RankAction> actions_;
   RankReport report_;

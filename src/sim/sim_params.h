@@ -37,6 +37,16 @@ struct ScenarioPlan {
   // How long the call may take to return (simulated time).
   Duration bound = Duration::Seconds(5);
   uint32_t probes = 4;       // reference-checked requests after the load
+
+  // Only abort_requests and a pause, sleep or weight update in abort mode
+  // may end requests (aborted, or failed under kv_load_failure_policy=fail
+  // when P's abort fails D's load); every other call keeps every request:
+  // cut-short loads recompute. Both matrix drivers judge by this.
+  bool MayAbort() const {
+    const bool has_mode = op == Op::kPause || op == Op::kSleep || op == Op::kUpdateWeights;
+    return op == Op::kAbortAll || op == Op::kAbortSome ||
+           (has_mode && mode == engine::PauseMode::kAbort);
+  }
 };
 
 struct SimParams {

@@ -187,12 +187,8 @@ SimResult Simulator::Run() {
     for (const auto& [key, op] : planned_) {
       if (!op.done) Violation("the " + params_.plan.name + " call never returned");
     }
-    // Only abort-mode calls and abort_requests may abort: a pause, sleep,
-    // cache reset or weight update in keep/wait mode keeps every request
-    // (cut-short loads recompute). Faults are off in a matrix case.
-    using Op = ScenarioPlan::Op;
-    const bool may_abort = params_.plan.mode == engine::PauseMode::kAbort ||
-                           params_.plan.op == Op::kAbortAll || params_.plan.op == Op::kAbortSome;
+    // ScenarioPlan::MayAbort; faults are off in a matrix case.
+    const bool may_abort = params_.plan.MayAbort();
     // Under kv_load_failure_policy=fail a load that failed fails its
     // request, so only a call that aborts may cause an error; a cache
     // reset's cut-short loads recompute under either policy.
