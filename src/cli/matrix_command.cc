@@ -10,6 +10,7 @@
 // output. The cases are the simulator's (`kvrelay sim --matrix`), so the
 // two drivers run the same list.
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -47,6 +48,7 @@ struct MatrixOptions {
   int call_gap_ms = 20;
   std::string policy = "recompute";   // the engines' --load-failure-policy
   double lease_s = 30;   // read mode: serve's default; P's holds must stay within it
+  std::string sweep;     // "" | all | day | N | A..B (see --sweep)
 };
 
 // Read mode: the longest any P rank held a lease's blocks (-1: unknown).
@@ -126,7 +128,9 @@ struct Row {
   bool passed = false;
 };
 
-int RunMatrix(const MatrixOptions& m) {
+// Runs the chosen cases under one configuration; `passed`/`failed` (if
+// given) receive the counts. Exit status: 0 if every case passed.
+int RunMatrix(const MatrixOptions& m, int* passed_out = nullptr, int* failed_out = nullptr) {
   std::string auth_token;
   if (!m.auth_token_file.empty()) {
     Result<std::string> token = runtime::LoadAuthToken(m.auth_token_file);
@@ -324,6 +328,8 @@ int RunMatrix(const MatrixOptions& m) {
     rows.push_back(std::move(row));
   }
   std::printf("%zu passed, %d failed\n", rows.size() - failed, failed);
+  if (passed_out != nullptr) *passed_out = static_cast<int>(rows.size()) - failed;
+  if (failed_out != nullptr) *failed_out = failed;
   if (!m.json_path.empty()) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -355,6 +361,95 @@ int RunMatrix(const MatrixOptions& m) {
     }
   }
   return failed == 0 ? 0 : 1;
+}
+
+// The configuration grid of --sweep, in a fixed order.
+std::vector<MatrixOptions> SweepGrid(const MatrixOptions& base) {
+  std::vector<MatrixOptions> grid;
+  const std::pair<uint32_t, uint32_t> tps[] = {{1, 1}, {2, 1}, {1, 2}, {4, 2}};
+  for (const char* shape : {"tiny", "small"}) {
+    for (const auto& [p_tp, d_tp] : tps) {
+      for (const char* transport : {"shm", "tcp", "ucx"}) {
+        for (const char* mode : {"push", "read"}) {
+          for (const char* order : {"d-first", "p-first"}) {
+            MatrixOptions m = base;
+            m.shape = shape;
+            m.p_tp = p_tp;
+            m.d_tp = d_tp;
+            m.transport = transport;
+            m.kv_mode = mode;
+            m.call_order = order;
+            grid.push_back(m);
+          }
+        }
+      }
+    }
+  }
+  return grid;
+}
+
+int RunSweep(const MatrixOptions& base) {
+  std::vector<MatrixOptions> grid = SweepGrid(base);
+  size_t first = 0, last = grid.size() - 1;
+  if (base.sweep == "day") {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    first = last = static_cast<size_t>(tm.tm_yday) % grid.size();
+  } else if (base.sweep != "all") {
+    const size_t dots = base.sweep.find("..");
+    char* end = nullptr;
+    const std::string a = base.sweep.substr(0, dots);
+    first = std::strtoul(a.c_str(), &end, 10);
+    bool ok = !a.empty() && *end == '\0';
+    last = first;
+    if (dots != std::string::npos) {
+      const std::string b = base.sweep.substr(dots + 2);
+      last = std::strtoul(b.c_str(), &end, 10);
+      ok = ok && !b.empty() && *end == '\0';
+    }
+    if (!ok || first > last || last >= grid.size()) {
+      std::fprintf(stderr,
+                   "kvrelay matrix: --sweep wants all, day, N or A..B with B < %zu, not '%s'\n",
+                   grid.size(), base.sweep.c_str());
+      return 2;
+    }
+  }
+  const std::string logs =
+      base.logs.empty() ? "/tmp/kvrelay-sweep-" + std::to_string(std::time(nullptr)) : base.logs;
+  std::printf("kvrelay matrix --sweep %s: configurations %zu..%zu of %zu (the full grid: "
+              "--sweep all)\n", base.sweep.c_str(), first, last, grid.size());
+  struct Done {
+    size_t index;
+    const MatrixOptions* m;
+    int passed, failed;
+  };
+  std::vector<Done> done;
+  int failed_configs = 0;
+  for (size_t i = first; i <= last; ++i) {
+    MatrixOptions m = grid[i];
+    m.logs = logs + "/" + std::to_string(i);
+    m.json_path = base.json_path.empty() ? "" : base.json_path + "." + std::to_string(i);
+    std::printf("\n== configuration %zu: --model-shape %s --p-tp %u --d-tp %u --transport %s "
+                "--kv-mode %s --call-order %s\n", i, m.shape.c_str(), m.p_tp, m.d_tp,
+                m.transport.c_str(), m.kv_mode.c_str(), m.call_order.c_str());
+    std::fflush(stdout);
+    int passed = 0, failed = 0;
+    const int rc = RunMatrix(m, &passed, &failed);
+    if (rc == 2) return 2;
+    if (rc != 0) ++failed_configs;
+    done.push_back({i, &grid[i], passed, failed});
+  }
+  std::printf("\n| # | shape | tp P→D | transport | kv mode | order | passed | failed |\n"
+              "|---:|---|---|---|---|---|---:|---:|\n");
+  for (const Done& d : done) {
+    std::printf("| %zu | %s | %u→%u | %s | %s | %s | %d | %d |\n", d.index, d.m->shape.c_str(),
+                d.m->p_tp, d.m->d_tp, d.m->transport.c_str(), d.m->kv_mode.c_str(),
+                d.m->call_order.c_str(), d.passed, d.failed);
+  }
+  std::printf("configurations: %zu passed, %d failed\n", done.size() - failed_configs,
+              failed_configs);
+  return failed_configs == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -399,7 +494,13 @@ void RegisterMatrix(CLI::App& app) {
   cmd->add_option("--auth-token-file", m->auth_token_file,
                   "shared secret (chmod 600) for every engine and the router; lifecycle calls "
                   "are signed with it");
-  cmd->callback([m] { SetExitCode(RunMatrix(*m)); });
+  cmd->add_option("--sweep", m->sweep,
+                  "run the cases over the configuration grid (model shape tiny|small x tp "
+                  "pairs 1-1, 2-1, 1-2, 4-2 x shm|tcp|ucx x push|read x d-first|p-first: 96 "
+                  "configurations): 'all', 'day' (one configuration that changes with the "
+                  "day of the year, as CI runs it), or indices 'N' / 'A..B'; the other "
+                  "flags set the load");
+  cmd->callback([m] { SetExitCode(m->sweep.empty() ? RunMatrix(*m) : RunSweep(*m)); });
 }
 
 }  // namespace kvrelay::cli
