@@ -87,6 +87,7 @@ SimParams DrawParams(uint64_t seed) {
   p.early_abort_pm = p.fast_abort_pm == 0 ? 0 : Rate(prng, 100);
   // Drawn last, so the draws above keep their values for every seed.
   if (prng.OneIn(3)) p.max_queue_wait = Duration::Milliseconds(prng.Range(20, 3000));
+  p.resume_waits_for_call = prng.OneIn(2);
   return p;
 }
 
@@ -102,13 +103,14 @@ std::string SimParams::ToString() const {
       "P[tp %s] D[tp %s] pools %u/%u workers %u abort_timeout %.3fs grace %.3fs "
       "requests %u blocks<=%u faults: abort %u drop %u wfail %u crash %u "
       "partition %u policy %s mode %s lease %.3fs/%.3fs hb %.3fs fast_abort %u early %u "
-      "queue_wait %.3fs",
+      "queue_wait %.3fs resume %s",
       tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
       num_workers, abort_timeout.seconds(), giveup_grace.seconds(), num_requests,
       max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
       partition_pm, recompute_on_failure ? "recompute" : "fail", KvModeName(kv_mode),
       initial_lease.seconds(), lease_extension.seconds(), heartbeat_interval.seconds(),
-      fast_abort_pm, early_abort_pm, max_queue_wait.seconds());
+      fast_abort_pm, early_abort_pm, max_queue_wait.seconds(),
+      resume_waits_for_call ? "after the call" : "any time");
   return buf;
 }
 

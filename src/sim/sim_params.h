@@ -93,6 +93,11 @@ struct SimParams {
   // engine::EngineOptions::max_queue_wait (0: none): a request with no
   // token this long after arriving ends with an error.
   Duration max_queue_wait = Duration::Zero();
+  // Random lifecycle calls: resume / wake_up comes only once the call
+  // returned, as a trainer's does (else at a random moment, which may
+  // cancel the call). Only then can a call that waits for a transfer's
+  // timeout be seen waiting.
+  bool resume_waits_for_call = false;
   Duration fault_phase = Duration::Seconds(1);  // faults stop after this
 
   // Read mode (core/lease_table.h): D reads P's blocks under a lease.

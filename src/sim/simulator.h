@@ -43,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -247,6 +248,12 @@ class Simulator {
     bool done = false;
   };
   std::map<std::pair<uint32_t, uint64_t>, PlannedOp> planned_;
+  // Random lifecycle calls in flight: (engine, incarnation, op id) → start.
+  struct RandomOp {
+    Instant started;
+    bool needs_end = false;  // a resume / wake_up is owed once it returned
+  };
+  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, RandomOp> random_ops_;
   uint32_t first_probe_ = UINT32_MAX;
   bool drain_check_armed_ = false;
   static constexpr Duration kPromptDrain = Duration::Seconds(10);
