@@ -33,6 +33,7 @@ struct RouterCliOptions {
   double connect_timeout_s = 3;
   double upstream_idle_timeout_s = 60;
   double probe_interval_ms = 200;
+  double max_queue_wait_s = 300;
   double commit_wait_ms = 1000;
   double recheck_interval_ms = 1000;
   double drain_timeout_s = 5;
@@ -137,6 +138,7 @@ int RunRouter(const RouterCliOptions& o) {
   ro.relay.upstream.connect_timeout = Seconds(o.connect_timeout_s);
   ro.relay.upstream.idle_timeout = Seconds(o.upstream_idle_timeout_s);
   ro.relay.probe_interval = Millis(o.probe_interval_ms);
+  ro.relay.max_queue_wait = Seconds(o.max_queue_wait_s);
   ro.commit_wait = Millis(o.commit_wait_ms);
   ro.recheck_interval = Millis(o.recheck_interval_ms);
   ro.drain_timeout = Seconds(o.drain_timeout_s);
@@ -193,6 +195,12 @@ void RegisterRouter(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--upstream-idle-timeout-s", o->upstream_idle_timeout_s,
                   "a leg whose engine sends nothing this long fails")
+      ->capture_default_str();
+  cmd->add_option("--max-queue-wait-s", o->max_queue_wait_s,
+                  "a request with no token this long after it arrived (P's leg not done: P "
+                  "paused or asleep; or no token streamed) fails with 503 and both legs are "
+                  "cancelled; 0: no bound (the engines' own --max-queue-wait-s still applies)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--probe-interval-ms", o->probe_interval_ms,
                   "while waiting on D, write a probe (\" \" or an SSE comment) to the client "

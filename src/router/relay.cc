@@ -165,14 +165,21 @@ std::optional<ClientReply> Relay::CommitOrReply() {
 
 bool Relay::Pump(httplib::DataSink& sink) {
   std::string out;
-  bool finished = false, has_tokens = false, first_token = false;
+  bool finished = false, has_tokens = false, first_token = false, cancel = false;
   {
     MutexLock lock(&mu_);
     cv_.WaitFor(&mu_, std::chrono::nanoseconds(options_.probe_interval.ns()),
                 [&]() REQUIRES(mu_) { return logic_.HasBody(); });
+    const Duration waited = runtime::MonoNow() - arrived_;
+    if (options_.max_queue_wait > Duration::Zero() && waited >= options_.max_queue_wait &&
+        !logic_.decided()) {
+      logic_.QueueWaitExpired(waited.seconds());
+      cancel = logic_.decided();
+    }
     if (logic_.HasBody()) out = logic_.TakeBody(&finished, &has_tokens);
     if (has_tokens && !ttft_noted_) ttft_noted_ = first_token = true;
   }
+  if (cancel) ApplyCancels();
   // Nothing new: a probe, which also finds a client that went away.
   if (out.empty() && !finished) out = request_.stream ? ": keep-alive\n\n" : " ";
   if (!out.empty() && !sink.write(out.data(), out.size())) {

@@ -44,6 +44,8 @@ namespace kvrelay::router {
 struct RelayOptions {
   UpstreamOptions upstream;
   Duration probe_interval = Duration::Milliseconds(200);
+  // RelayLogic::QueueWaitExpired after this long without a token (0: never).
+  Duration max_queue_wait = Duration::Seconds(300);
 };
 
 class Relay : public std::enable_shared_from_this<Relay> {

@@ -20,6 +20,7 @@ std::string_view OutcomeName(Outcome outcome) {
     case Outcome::kBadRequest: return "bad_request";
     case Outcome::kRejected: return "rejected";
     case Outcome::kShutdown: return "shutdown";
+    case Outcome::kQueueWaitExpired: return "queue_wait_expired";
   }
   return "?";
 }
@@ -159,7 +160,7 @@ void RelayLogic::OnEvent(const std::string& event) {
   const json j = json::parse(*data, nullptr, false);
   out_ += server::SseEvent(*data);
   if (j.is_discarded()) return;   // not ours to judge: relayed as is
-  if (HasTokens(j)) out_has_tokens_ = true;
+  if (HasTokens(j)) out_has_tokens_ = streamed_tokens_ = true;
   const CompletionVerdict v = JudgeCompletionJson(j);
   if (v.finish_reason.empty()) return;
   final_seen_ = true;
@@ -206,6 +207,15 @@ void RelayLogic::ClientGone() {
 
 void RelayLogic::Shutdown() { Fail(Outcome::kShutdown, "the router is shutting down"); }
 
+void RelayLogic::QueueWaitExpired(double waited_s) {
+  if (decided() || p_ok_ || streamed_tokens_) return;
+  char m[160];
+  std::snprintf(m, sizeof m,
+                "no token within max_queue_wait (%.0f s): an engine is paused, asleep or "
+                "overloaded", waited_s);
+  Fail(Outcome::kQueueWaitExpired, m);
+}
+
 void RelayLogic::Commit() {
   KV_CHECK(!committed_);
   committed_ = true;
@@ -232,6 +242,7 @@ ClientReply RelayLogic::Reply() const {
       break;
     case Outcome::kShutdown:
     case Outcome::kRejected:
+    case Outcome::kQueueWaitExpired:
       r.status = 503;
       r.body = server::ErrorJson(message_, "server_error", 503);
       break;

@@ -50,9 +50,11 @@ enum class Outcome : uint8_t {
   kBadRequest,
   kRejected,   // refused before any leg started (at capacity, no engine up)
   kShutdown,
+  kQueueWaitExpired,  // no token within --max-queue-wait-s: both legs cancelled
 };
+inline constexpr size_t kOutcomeCount = static_cast<size_t>(Outcome::kQueueWaitExpired) + 1;
 // "pending", "ok", "client_disconnect", "prefill_failed", "decode_failed",
-// "bad_request", "rejected", "shutdown".
+// "bad_request", "rejected", "shutdown", "queue_wait_expired".
 std::string_view OutcomeName(Outcome outcome);
 
 // How one leg's HTTP call ended.
@@ -91,6 +93,12 @@ class RelayLogic {
   void DecodeEnded(const LegEnd& end);
   void ClientGone();
   void Shutdown();
+  // The request produced no token within the router's --max-queue-wait-s
+  // (an engine paused or asleep holds it): it fails, both legs cancelled.
+  // A token is P's leg ending ok (its prefill made the first token) or a
+  // token D streamed; a non-streamed D leg after that is bounded by D's
+  // own --max-queue-wait-s. Does nothing once decided.
+  void QueueWaitExpired(double waited_s);
   // The client was sent status 200 and headers.
   void Commit();
 
@@ -140,6 +148,7 @@ class RelayLogic {
   // What the client gets: stream events to relay (or the whole body).
   std::string out_;
   bool out_has_tokens_ = false;
+  bool streamed_tokens_ = false;  // D streamed a token (for QueueWaitExpired)
   bool finished_ = false;      // the end of the response was taken
   // The decided reply's parts.
   int reply_status_ = 200;

@@ -71,6 +71,44 @@ TEST(RelayLogicTest, NonStreamHappyPath) {
   EXPECT_FALSE(l.cancel_prefill() || l.cancel_decode());
 }
 
+// --max-queue-wait-s: no token yet (P's leg still open: P paused or
+// asleep) fails the request and cancels both legs; once P's leg ended ok
+// (its prefill made the first token) or D streamed a token, it does nothing.
+TEST(RelayLogicTest, QueueWaitExpiresOnlyBeforeTheFirstToken) {
+  {
+    RelayLogic l(false);
+    l.DecodeStatus(200);
+    l.Commit();
+    l.QueueWaitExpired(300);
+    EXPECT_EQ(l.outcome(), Outcome::kQueueWaitExpired);
+    EXPECT_TRUE(l.cancel_prefill() && l.cancel_decode());
+    bool finished = false, tokens = false;
+    const std::string body = l.TakeBody(&finished, &tokens);
+    EXPECT_NE(body.find("max_queue_wait"), std::string::npos) << body;
+    EXPECT_EQ(OutcomeName(l.outcome()), "queue_wait_expired");
+  }
+  {
+    RelayLogic l(false);
+    l.DecodeStatus(200);
+    l.PrefillEnded(Response(200, kPrefillOk));
+    l.QueueWaitExpired(300);
+    EXPECT_FALSE(l.decided()) << "P's prefill made the first token";
+  }
+  {
+    RelayLogic l(true);
+    l.DecodeStatus(200);
+    l.DecodeData(Chunk({7}));
+    l.QueueWaitExpired(300);
+    EXPECT_FALSE(l.decided()) << "D streamed a token";
+  }
+  {
+    RelayLogic l(false);  // before the commit: a whole 503 reply
+    l.QueueWaitExpired(300);
+    ASSERT_TRUE(l.decided());
+    EXPECT_EQ(l.Reply().status, 503);
+  }
+}
+
 TEST(RelayLogicTest, DecodeDoneBeforeCommitIsAWholeReply) {
   RelayLogic l(false);
   l.DecodeStatus(200);

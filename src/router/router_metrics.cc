@@ -8,7 +8,7 @@ RouterMetrics::RouterMetrics(std::shared_ptr<EnginePool> pool,
                              const std::atomic<int64_t>* inflight) {
   for (Outcome o : {Outcome::kOk, Outcome::kClientDisconnect, Outcome::kPrefillFailed,
                     Outcome::kDecodeFailed, Outcome::kBadRequest, Outcome::kRejected,
-                    Outcome::kShutdown}) {
+                    Outcome::kShutdown, Outcome::kQueueWaitExpired}) {
     by_outcome_[static_cast<size_t>(o)] = registry_.AddCounter(
         "kvrelay_router_requests_total", "Client requests by how they ended.",
         {{"outcome", std::string(OutcomeName(o))}});

@@ -44,7 +44,7 @@ class RouterMetrics {
 
  private:
   server::MetricsRegistry registry_;
-  std::array<server::Counter*, 8> by_outcome_{};
+  std::array<server::Counter*, kOutcomeCount> by_outcome_{};
   std::vector<server::Counter*> connection_failures_;
   std::map<std::string, server::Counter*, std::less<>> limit_rejections_;
   server::Histogram* latency_;

@@ -470,6 +470,36 @@ TEST_F(RouterTest, OnePrefillOneDecode) {
 }
 
 // (2) 2P2D at concurrency 8: outputs exact, every engine used.
+// Lifecycle hole 5, at the router: with P paused, a request's P leg waits
+// for resume; --max-queue-wait-s ends it with a clean error and cancels
+// both legs (the engines' own 300 s bound has not come yet); after resume
+// the cluster serves again and both engines drain.
+TEST_F(RouterTest, ARequestHeldByAPausedPEndsAtMaxQueueWait) {
+  Engine* p = StartEngine("P", "prefill");
+  Engine* d = StartEngine("D", "decode");
+  ASSERT_TRUE(p && d);
+  Router* r = StartRouter({p}, {d}, {"--max-queue-wait-s", "1"});
+  ASSERT_NE(r, nullptr);
+  HttpReply paused = HttpPost(p->http_port(), "/pause?mode=keep", "");
+  ASSERT_EQ(paused.status, 200) << paused.raw;
+  const Tokens prompt = RandomPrompt(rng_, 40);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "non-stream");
+    const Answer a = Complete(r->port(), prompt, 4, stream, 20s);
+    std::printf("[info] %s request held by a paused P answered after %.3f s\n",
+                stream ? "a streamed" : "a", a.reply.seconds);
+    EXPECT_GE(a.reply.seconds, 0.9) << a.Describe();
+    EXPECT_LT(a.reply.seconds, 5.0) << a.Describe();
+    EXPECT_TRUE(a.clean_error) << a.Describe();
+    EXPECT_NE(a.error.dump().find("max_queue_wait"), std::string::npos) << a.Describe();
+  }
+  EXPECT_EQ(r->Outcome("queue_wait_expired"), 2);
+  ASSERT_EQ(HttpPost(p->http_port(), "/resume", "").status, 200);
+  const Answer ok = Complete(r->port(), prompt, 4, false);
+  EXPECT_TRUE(Correct(ok, prompt, 4)) << ok.Describe();
+  ExpectAllIdle();
+}
+
 TEST_F(RouterTest, TwoPrefillTwoDecode) {
   Engine* p1 = StartEngine("P1", "prefill");
   Engine* p2 = StartEngine("P2", "prefill");
