@@ -22,6 +22,7 @@
 // operation arrives during a step's compute, so an abort on P reaches the
 // ranks without waiting for the step to end).
 #include <algorithm>
+#include <cstdio>
 
 #include "base/check.h"
 #include "engine/engine.h"
@@ -171,12 +172,13 @@ void Engine::ExpireUnstarted(Instant now) {
     if (unstarted && now - r.arrived_at >= options_.max_queue_wait) late.push_back(c);
   }
   std::sort(late.begin(), late.end());  // deterministic order
+  char why[128];
+  std::snprintf(why, sizeof why,
+                "no token within max_queue_wait (%g s): the engine is paused, asleep or "
+                "overloaded", options_.max_queue_wait.seconds());
   for (uint64_t c : late) {
     ++stats_.queue_wait_expired;
-    AbortOne(requests_.at(c), FinishReason::kError,
-             "no token within max_queue_wait (" +
-                 std::to_string(options_.max_queue_wait.seconds()) +
-                 " s): the engine is paused, asleep or overloaded");
+    AbortOne(requests_.at(c), FinishReason::kError, why);
   }
   if (!late.empty()) dirty_ = true;
 }

@@ -1311,7 +1311,23 @@ TEST_F(LocalLaneTest, BadLaneInputIsCountedAndPKeepsServing) {
 
 // --- P dies ---------------------------------------------------------------------------------
 
-class PeerDeathTest : public ServeFixture {};
+class PeerDeathTest : public ServeFixture {
+ protected:
+  // Sends a D leg of 6 tokens for a transfer P has not seen, so its pull
+  // waits for a prefill that will not come, on a thread that stores D's
+  // reply in `*reply`; returns once D's load is live.
+  std::thread DLegWaitingForP(const Tokens& prompt, HttpReply* reply) {
+    const std::string transfer = NewTransferId(rng_);
+    std::thread leg([this, prompt, transfer, reply] {
+      *reply = d_->Post("/v1/completions",
+                        DecodeBody(prompt, 6, p_->RemotePrefillParams(transfer)), 20s);
+    });
+    EXPECT_TRUE(
+        WaitFor([&] { return HasTransfer(d_->DebugState(), "loads", transfer); }, 5s, 5ms))
+        << EngineSummary(*d_);
+    return leg;
+  }
+};
 
 // P is SIGKILLed while D's pull waits for its prefill: D declares P gone
 // after --peer-dead-after-s and recomputes (correct tokens) instead of
@@ -1323,14 +1339,8 @@ TEST_F(PeerDeathTest, PKilledWhileDPullsWaits) {
   c.d_extra = {"--peer-dead-after-s", "2"};
   START_PAIR("shm", c);
   const Tokens prompt = RandomPrompt(rng_, 80);
-  const std::string transfer = NewTransferId(rng_);
   HttpReply d_reply;
-  std::thread d_leg([&] {
-    d_reply = d_->Post("/v1/completions",
-                       DecodeBody(prompt, 6, p_->RemotePrefillParams(transfer)), 20s);
-  });
-  ASSERT_TRUE(WaitFor([&] { return HasTransfer(d_->DebugState(), "loads", transfer); }, 5s, 5ms))
-      << EngineSummary(*d_);
+  std::thread d_leg = DLegWaitingForP(prompt, &d_reply);
   const auto killed = Clock::now();
   p_->proc().Kill(SIGKILL);
   ASSERT_TRUE(p_->proc().Wait(5s).has_value());
@@ -1369,14 +1379,8 @@ TEST_F(PeerDeathTest, PKilledIsKnownDeadAtOnceOverTheLane) {
   c.abort_timeout_s = 30;
   START_PAIR("shm", c);
   const Tokens prompt = RandomPrompt(rng_, 80);
-  const std::string transfer = NewTransferId(rng_);
   HttpReply d_reply;
-  std::thread d_leg([&] {
-    d_reply = d_->Post("/v1/completions",
-                       DecodeBody(prompt, 6, p_->RemotePrefillParams(transfer)), 20s);
-  });
-  ASSERT_TRUE(WaitFor([&] { return HasTransfer(d_->DebugState(), "loads", transfer); }, 5s, 5ms))
-      << EngineSummary(*d_);
+  std::thread d_leg = DLegWaitingForP(prompt, &d_reply);
   ASSERT_GE(MetricSum(d_->Metrics(), "kvrelay_lane_frames_sent_total"), 1) << "the pair uses the lane";
   const auto killed = Clock::now();
   p_->proc().Kill(SIGKILL);
