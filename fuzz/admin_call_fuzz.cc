@@ -1,21 +1,20 @@
 // admin_call_fuzz.cc — libFuzzer target for the engine server's admin
-// endpoints: the query string (split and decoded by cpp-httplib's own
-// parse_query_text, as the server receives it) and the body, through
-// ParseAdminRequest (server/admin_call.h), exactly what the handler calls.
+// endpoints: the query string (split and decoded by http::SplitTarget, as
+// the server receives it) and the body, through ParseAdminRequest
+// (server/admin_call.h), exactly what the handler calls.
 //
 // Input: "<path>\n<query string>\n<body>". A path that is not an admin path
 // is mapped onto one by its first byte, so most inputs reach a parser.
 // Accepted calls must keep the header's rules (sleep level 0..2, weights
 // version >= 1, abort_requests ids only when not "all"). Seeds:
 // fuzz/corpus/admin_call; dictionary: admin_call.dict.
-#include <httplib.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "base/check.h"
+#include "http/http_request.h"
 #include "server/admin_call.h"
 
 namespace {
@@ -51,8 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     path = std::string(paths[static_cast<uint8_t>(path[0]) % paths.size()]);
   }
 
-  httplib::Params params;
-  httplib::detail::parse_query_text(query, params);
+  std::string split_path;
+  std::multimap<std::string, std::string> params;
+  if (!kvrelay::http::SplitTarget(path + "?" + query, &split_path, &params)) return 0;
   const kvrelay::Result<AdminCall> call = ParseAdminRequest(path, params, body);
   if (!call.ok()) {
     KV_CHECK(!call.status().message().empty());

@@ -2,11 +2,12 @@
 // engines' own debug endpoints; nothing here knows which fault runs.
 #include "bench/chaos_monitor.h"
 
-#include <httplib.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "http/http_client.h"
 
 namespace kvrelay {
 
@@ -58,19 +59,16 @@ EngineMonitor::Worst EngineMonitor::WorstOf(const std::string& url) const {
 }
 
 void EngineMonitor::Run() {
-  std::vector<std::unique_ptr<httplib::Client>> clients;
-  for (const std::string& u : urls_) {
-    clients.push_back(std::make_unique<httplib::Client>(u));
-    clients.back()->set_connection_timeout(0, 300'000);
-    clients.back()->set_read_timeout(2);
-  }
+  http::ClientOptions opts;
+  opts.connect_timeout = Duration::Milliseconds(300);
+  opts.idle_timeout = Duration::Seconds(2);
   while (!stop_) {
     const auto next = std::chrono::steady_clock::now() +
                       std::chrono::milliseconds(static_cast<int64_t>(period_s_ * 1e3));
     for (size_t i = 0; i < urls_.size() && !stop_; ++i) {
-      auto r = clients[i]->Get("/debug/state");
+      Result<http::ClientResponse> r = http::Get(urls_[i], "/debug/state", opts);
       double send = 0, load = 0;
-      if (!r || r->status != 200 || !OldestTransfers(r->body, &send, &load)) continue;
+      if (!r.ok() || r->status != 200 || !OldestTransfers(r->body, &send, &load)) continue;
       MutexLock lock(&mu_);
       Worst& w = worst_[urls_[i]];
       w.send_age_s = std::max(w.send_age_s, send);
@@ -86,12 +84,12 @@ EngineEnd ReadEngineEnd(const std::string& name, const std::string& url) {
   EngineEnd e;
   e.name = name;
   e.url = url;
-  httplib::Client cli(url);
-  cli.set_connection_timeout(2);
-  cli.set_read_timeout(5);
-  auto st = cli.Get("/debug/state");
-  auto me = cli.Get("/metrics");
-  if (!st || st->status != 200 || !me || me->status != 200) return e;
+  http::ClientOptions opts;
+  opts.connect_timeout = Duration::Seconds(2);
+  opts.idle_timeout = Duration::Seconds(5);
+  Result<http::ClientResponse> st = http::Get(url, "/debug/state", opts);
+  Result<http::ClientResponse> me = http::Get(url, "/metrics", opts);
+  if (!st.ok() || st->status != 200 || !me.ok() || me->status != 200) return e;
   json j = json::parse(st->body, nullptr, false);
   if (j.is_discarded() || !j["engine"].is_object()) return e;
   e.reachable = true;

@@ -4,10 +4,9 @@
 #include <cstdlib>
 #include <set>
 
-#include <httplib.h>
-
 #include <nlohmann/json.hpp>
 
+#include "http/http_client.h"
 #include "server/admin_auth.h"
 
 namespace kvrelay {
@@ -32,15 +31,14 @@ std::string ControlCall::ToString() const {
 Result<std::string> AdminAuthorizationFor(const std::string& engine_url,
                                           const std::string& token, const std::string& method,
                                           const std::string& target, const std::string& body) {
-  httplib::Client cli(engine_url);
-  cli.set_tcp_nodelay(true);  // no 40 ms Nagle wait between head and body
-  cli.set_connection_timeout(5);
-  cli.set_read_timeout(30);
-  auto r = cli.Get("/auth/nonce");
-  if (!r || r->status != 200) {
+  http::ClientOptions opts;
+  opts.connect_timeout = Duration::Seconds(5);
+  opts.idle_timeout = Duration::Seconds(30);
+  Result<http::ClientResponse> r = http::Get(engine_url, "/auth/nonce", opts);
+  if (!r.ok() || r->status != 200) {
     return Status(StatusCode::kUnavailable,
                   engine_url + "/auth/nonce: " +
-                      (r ? "HTTP " + std::to_string(r->status) : httplib::to_string(r.error())));
+                      (r.ok() ? "HTTP " + std::to_string(r->status) : r.status().message()));
   }
   const nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
   if (!j.is_object() || !j.contains("nonce") || !j["nonce"].is_string()) {

@@ -1,7 +1,5 @@
 #include "bench/load_gen.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,6 +14,7 @@
 #include "base/prng.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "http/http_client.h"
 #include "router/sse_splitter.h"
 
 namespace kvrelay {
@@ -82,36 +81,36 @@ std::string RequestIdOf(const LoadOptions& o, uint32_t i) {
   return "load-" + std::to_string(o.seed) + "-" + std::to_string(i);
 }
 
-Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& request_id,
+// One streamed request, read as an OpenAI SDK reads it: the tokens are the
+// concatenation of the chunks' choices, the finish_reason that of the chunk
+// that carries one, the usage that of the chunk after it (asked for), then
+// [DONE]. Every token is then checked against the emulated model.
+Outcome RunOne(const std::string& url, const Spec& spec, const std::string& request_id,
                const engine::ModelShape& shape, double timeout_s) {
   Outcome out;
   json body = {{"prompt", spec.prompt},
                {"max_tokens", spec.max_tokens},
                {"stream", true},
+               {"stream_options", {{"include_usage", true}}},
                {"request_id", request_id}};
-  httplib::Request req;
+  http::ClientRequest req;
   req.method = "POST";
-  req.path = "/v1/completions";
+  req.target = "/v1/completions";
   req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
   int status = 0;
-  std::string raw;
   router::SseSplitter sse;
-  bool finished = false;
+  bool finished = false;   // [DONE] seen
   std::atomic<bool> cut_by_us{false};
-  json final_event;
+  std::string reason;      // the finish_reason of the chunk that had one
   std::string error_message;
+  std::string bad;         // a stream that breaks OpenAI's shape
+  std::optional<json> usage;
+  std::vector<engine::TokenOut> toks;
   const Clock::time_point t0 = Clock::now();
-  req.response_handler = [&](const httplib::Response& r) {
-    status = r.status;
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (status != 200) {
-      raw.append(data, n);
-      return raw.size() < (1u << 20);
-    }
-    sse.Feed(std::string_view(data, n));
+  http::ClientSink sink;
+  sink.on_status = [&](int s) { status = s; };
+  sink.on_data = [&](std::string_view data) {
+    sse.Feed(data);
     while (std::optional<std::string> event = sse.Next()) {
       const std::optional<std::string> data_line = router::SseSplitter::DataOf(*event);
       if (!data_line) continue;
@@ -120,25 +119,46 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
         finished = true;
         continue;
       }
+      if (finished && bad.empty()) bad = "an event after [DONE]";
       json j = json::parse(ev, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.contains("error") && !j.contains("choices")) {
-        error_message = j["error"].value("message", "error");
-        final_event = j;
+      if (j.is_discarded()) {
+        if (bad.empty()) bad = "an event that is not JSON: " + ev.substr(0, 80);
         continue;
       }
-      if (out.ttft_s < 0 && j.contains("choices") && !j["choices"].empty() &&
-          !j["choices"][0].value("token_ids", json::array()).empty()) {
-        out.ttft_s = Since(t0);
+      if (j.contains("error")) {
+        error_message = j["error"].value("message", "error");
+        continue;
       }
-      if (j.contains("usage")) final_event = j;  // the last event: the whole result
+      const json choices = j.value("choices", json::array());
+      if (choices.empty()) {
+        if (j.contains("usage")) {
+          if (reason.empty() && bad.empty()) bad = "the usage chunk came before the finish";
+          usage = j["usage"];
+        }
+        continue;
+      }
+      if (usage && bad.empty()) bad = "a choice after the usage chunk";
+      if (!reason.empty() && bad.empty()) bad = "a choice after the one with finish_reason";
+      const json& c = choices[0];
+      const json ids = c.value("token_ids", json::array());
+      const json vers = c.value("weights_versions", json::array());
+      if (ids.size() != vers.size() && bad.empty()) bad = "token_ids and weights_versions differ";
+      for (size_t k = 0; k < ids.size() && k < vers.size(); ++k) {
+        toks.push_back(engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
+      }
+      if (out.ttft_s < 0 && !ids.empty()) out.ttft_s = Since(t0);
+      if (c.contains("finish_reason") && c["finish_reason"].is_string()) {
+        reason = c["finish_reason"].get<std::string>();
+      }
     }
     return Since(t0) < timeout_s;
   };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
+  http::ClientOptions opts;
+  opts.connect_timeout = Duration::Seconds(10);
+  opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(timeout_s * 1e9));
+  http::BlockingCall call;
   // A client that leaves mid-request, even while no byte arrives: a
-  // watchdog closes the connection at its moment.
+  // watchdog cancels the call (its connection closes) at its moment.
   struct Watch {
     Mutex mu;
     CondVar cv;
@@ -151,11 +171,11 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
       if (!watch.cv.WaitFor(&watch.mu, std::chrono::duration<double>(spec.disconnect_after_s),
                             [&]() REQUIRES(watch.mu) { return watch.request_over; })) {
         cut_by_us = true;
-        cli.stop();
+        call.Cancel();
       }
     });
   }
-  const bool sent = cli.send(req, res, err);
+  Result<http::ClientResponse> r = call.Run(url, std::move(req), opts, std::move(sink));
   if (watchdog.joinable()) {
     {
       MutexLock lock(&watch.mu);
@@ -169,13 +189,13 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
     out.fate = Fate::kDisconnected;
     return out;
   }
-  if (!sent && status == 0) {
-    out.why = "no response: " + httplib::to_string(err);
+  if (!r.ok() && status == 0) {
+    out.why = "no response: " + r.status().message();
     return out;
   }
   if (status != 200) {
-    json j = json::parse(raw, nullptr, false);
-    if (!j.is_discarded() && j.contains("error")) {
+    json j = r.ok() ? json::parse(r->body, nullptr, false) : json();
+    if (!j.is_discarded() && j.is_object() && j.contains("error")) {
       out.fate = Fate::kCleanError;
       out.why = j["error"].value("message", "");
     } else {
@@ -187,57 +207,71 @@ Outcome RunOne(httplib::Client& cli, const Spec& spec, const std::string& reques
     out.why = out.e2e_s >= timeout_s ? "timed out" : "stream cut off before [DONE]";
     return out;
   }
-  if (!error_message.empty() && !final_event.contains("choices")) {
+  if (!bad.empty()) {
+    out.why = "not OpenAI's stream: " + bad;
+    return out;
+  }
+  if (!error_message.empty()) {
     out.fate = Fate::kCleanError;
     out.why = error_message;
     return out;
   }
-  if (!final_event.contains("choices")) {
-    out.why = "no final event with the result";
+  if (reason.empty()) {
+    out.why = "no chunk with a finish_reason";
     return out;
   }
-  const json& c = final_event["choices"][0];
-  const std::string reason = c.value("finish_reason", "");
   if (reason == "abort" || reason == "error") {
     out.fate = Fate::kCleanError;
-    out.why = reason + ": " + final_event.value("error", json::object()).value("message", "");
+    out.why = reason;
     return out;
   }
-  std::vector<engine::TokenOut> toks;
-  const json ids = c.value("token_ids", json::array());
-  const json vers = c.value("weights_versions", json::array());
-  if (ids.size() != vers.size() || ids.size() != spec.max_tokens) {
-    out.why = "got " + std::to_string(ids.size()) + " tokens, asked " +
+  if (!usage || usage->value("completion_tokens", uint64_t{0}) != toks.size() ||
+      usage->value("prompt_tokens", uint64_t{0}) != spec.prompt.size()) {
+    out.why = "the usage chunk does not count what was streamed";
+    return out;
+  }
+  if (toks.size() != spec.max_tokens) {
+    out.why = "got " + std::to_string(toks.size()) + " tokens, asked " +
               std::to_string(spec.max_tokens);
     return out;
   }
-  for (size_t k = 0; k < ids.size(); ++k) {
-    toks.push_back(engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
-  }
-  const std::string bad = engine::CheckOutput(spec.prompt, toks, shape);
-  if (!bad.empty()) {
-    out.why = "wrong output: " + bad;
+  const std::string wrong = engine::CheckOutput(spec.prompt, toks, shape);
+  if (!wrong.empty()) {
+    out.why = "wrong output: " + wrong;
     return out;
   }
-  out.tokens = static_cast<uint32_t>(ids.size());
+  out.tokens = static_cast<uint32_t>(toks.size());
   out.fate = Fate::kOk;
   return out;
 }
 
+// The headers of an engine's signed /debug/* or admin request ({} without a
+// token).
+Result<std::vector<std::pair<std::string, std::string>>> AuthHeaders(
+    const std::string& base, const std::string& token, const std::string& method,
+    const std::string& path, const std::string& body) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (token.empty()) return headers;
+  Result<std::string> a = AdminAuthorizationFor(base, token, method, path, body);
+  if (!a.ok()) return a.status();
+  headers.emplace_back("Authorization", *a);
+  return headers;
+}
+
 Result<json> GetJson(const std::string& base, const std::string& path,
                      const std::string& token = "") {
-  httplib::Client cli(base);
-  cli.set_tcp_nodelay(true);  // no 40 ms Nagle wait between head and body
-  cli.set_connection_timeout(5);
-  cli.set_read_timeout(30);
-  httplib::Headers headers;
-  if (!token.empty() && path.rfind("/debug", 0) == 0) {  // an engine's /debug/*: signed
-    Result<std::string> a = AdminAuthorizationFor(base, token, "GET", path, "");
-    if (!a.ok()) return a.status();
-    headers.emplace("Authorization", *a);
+  http::ClientRequest req;
+  req.target = path;
+  if (path.rfind("/debug", 0) == 0) {  // an engine's /debug/*: signed
+    auto h = AuthHeaders(base, token, "GET", path, "");
+    if (!h.ok()) return h.status();
+    req.headers = std::move(*h);
   }
-  auto r = cli.Get(path.c_str(), headers);
-  if (!r) return Status(StatusCode::kUnavailable, base + path + ": " + httplib::to_string(r.error()));
+  http::ClientOptions opts;
+  opts.connect_timeout = Duration::Seconds(5);
+  opts.idle_timeout = Duration::Seconds(30);
+  Result<http::ClientResponse> r = http::Fetch(base, std::move(req), opts);
+  if (!r.ok()) return Status(StatusCode::kUnavailable, base + path + ": " + r.status().message());
   if (r->status != 200) {
     return Status(StatusCode::kNotFound, base + path + ": HTTP " + std::to_string(r->status));
   }
@@ -253,9 +287,6 @@ ControlOutcome Call(const std::string& engine_url, const std::string& token,
   c.call = call;
   c.engine = engine_url;
   c.at_s = at_s;
-  httplib::Client cli(engine_url);
-  cli.set_tcp_nodelay(true);
-  cli.set_read_timeout(900);
   std::string path = "/" + call, body;
   if (call == "update_weights") {
     json b = json::object();
@@ -277,19 +308,22 @@ ControlOutcome Call(const std::string& engine_url, const std::string& token,
     }
   }
   const Clock::time_point t0 = Clock::now();
-  httplib::Headers headers;
-  if (!token.empty()) {
-    Result<std::string> a = AdminAuthorizationFor(engine_url, token, "POST", path, body);
-    if (!a.ok()) {
-      c.detail = a.status().message();
-      return c;
-    }
-    headers.emplace("Authorization", *a);
+  auto headers = AuthHeaders(engine_url, token, "POST", path, body);
+  if (!headers.ok()) {
+    c.detail = headers.status().message();
+    return c;
   }
-  auto r = cli.Post(path.c_str(), headers, body, "application/json");
+  http::ClientRequest req;
+  req.method = "POST";
+  req.target = path;
+  req.body = body;
+  req.headers = std::move(*headers);
+  http::ClientOptions opts;
+  opts.idle_timeout = Duration::Seconds(900);
+  Result<http::ClientResponse> r = http::Fetch(engine_url, std::move(req), opts);
   c.latency_s = Since(t0);
-  if (!r) {
-    c.detail = httplib::to_string(r.error());
+  if (!r.ok()) {
+    c.detail = r.status().message();
     return c;
   }
   c.http_status = r->status;
@@ -373,11 +407,6 @@ LoadReport RunLoad(const LoadOptions& o) {
         std::atomic<uint32_t>& n;
         ~Left() { --n; }
       } left{clients_left};
-      httplib::Client cli(o.url);
-      cli.set_tcp_nodelay(true);  // else each request's body waits 40 ms (Nagle)
-      cli.set_connection_timeout(10);
-      cli.set_read_timeout(static_cast<time_t>(o.request_timeout_s));
-      cli.set_keep_alive(true);
       while (true) {
         const uint32_t i = next.fetch_add(1);
         if (i >= o.requests) return;
@@ -385,7 +414,7 @@ LoadReport RunLoad(const LoadOptions& o) {
         started[i] = 1;
         const Spec spec = MakeSpec(o, i, shape.vocab);
         in_flight[i] = 1;
-        outcomes[i] = RunOne(cli, spec, RequestIdOf(o, i), shape, o.request_timeout_s);
+        outcomes[i] = RunOne(o.url, spec, RequestIdOf(o, i), shape, o.request_timeout_s);
         in_flight[i] = 0;
         switch (outcomes[i].fate) {
           case Fate::kOk: ++n_ok; break;
@@ -548,19 +577,18 @@ LoadReport RunLoad(const LoadOptions& o) {
   uint32_t probes_ok = 0;
   std::string probe_why;
   {
-    httplib::Client cli(o.url);
-    cli.set_tcp_nodelay(true);
-    cli.set_read_timeout(static_cast<time_t>(o.request_timeout_s));
     LoadOptions po = o;
     po.disconnect_fraction = 0;
     po.seed = o.seed ^ 0x50524F4245ull;
     for (uint32_t i = 0; i < o.probes; ++i) {
       const Spec spec = MakeSpec(po, i, shape.vocab);
       json body = {{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}};
-      auto r = cli.Post("/v1/completions", body.dump(), "application/json");
-      if (!r || r->status != 200) {
-        probe_why = r ? "HTTP " + std::to_string(r->status) + " " + r->body
-                      : httplib::to_string(r.error());
+      http::ClientOptions opts;
+      opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.request_timeout_s * 1e9));
+      Result<http::ClientResponse> r = http::PostJson(o.url, "/v1/completions", body.dump(), opts);
+      if (!r.ok() || r->status != 200) {
+        probe_why = r.ok() ? "HTTP " + std::to_string(r->status) + " " + r->body
+                           : r.status().message();
         continue;
       }
       json j = json::parse(r->body, nullptr, false);

@@ -58,20 +58,17 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
     c.engine_args.push_back(o.ucx_tls);
   }
   if (Status s = cluster_.Start(c); !s.ok()) return s;
-  p_ = std::make_unique<httplib::Client>(cluster_.p_urls()[0]);
-  d_ = std::make_unique<httplib::Client>(cluster_.d_urls()[0]);
-  for (auto* cli : {p_.get(), d_.get()}) {
-    cli->set_tcp_nodelay(true);  // else each leg's body waits 40 ms (Nagle)
-    cli->set_read_timeout(120, 0);
-    cli->set_keep_alive(true);
-  }
+  const http::ClientOptions timeouts =
+      http::ClientOptions::Timeouts(Duration::Seconds(3), Duration::Seconds(120));
+  p_ = std::make_unique<http::Client>(cluster_.p_urls()[0], timeouts);
+  d_ = std::make_unique<http::Client>(cluster_.d_urls()[0], timeouts);
   auto info = p_->Get("/kv_info");
-  if (!info || info->status != 200) return UnavailableError("P's /kv_info did not answer");
+  if (!info.ok() || info->status != 200) return UnavailableError("P's /kv_info did not answer");
   Result<router::EngineInfo> parsed = router::ParseEngineInfo(info->body);
   if (!parsed.ok()) return parsed.status();
   p_info_ = *parsed;
   auto pulls = d_->Get("/debug/pulls?after=0");
-  if (!pulls || pulls->status != 200) return UnavailableError("D's /debug/pulls did not answer");
+  if (!pulls.ok() || pulls->status != 200) return UnavailableError("D's /debug/pulls did not answer");
   cursor_ = json::parse(pulls->body).at("last_seq").get<uint64_t>();
   return Status::Ok();
 }
@@ -83,8 +80,8 @@ json BenchCluster::Prompt(Prng& prng, uint32_t tokens) const {
 }
 
 Status BenchCluster::Prefill(const json& client, const TransferId& t) {
-  auto r = p_->Post("/v1/completions", router::PrefillLegBody(client, t, 1), "application/json");
-  if (!r) return UnavailableError("P leg: no answer");
+  auto r = p_->Post("/v1/completions", router::PrefillLegBody(client, t, 1));
+  if (!r.ok()) return UnavailableError("P leg: no answer");
   if (r->status != 200 || router::JudgeCompletion(r->body).failed()) {
     return UnavailableError("P leg: " + std::to_string(r->status) + " " +
                             router::UpstreamErrorMessage(r->body));
@@ -101,9 +98,8 @@ Result<BenchCluster::Pulled> BenchCluster::Transfer(Prng& prng, uint32_t tokens)
 }
 
 Result<BenchCluster::Pulled> BenchCluster::Decode(const json& client, const TransferId& t) {
-  auto r = d_->Post("/v1/completions", router::DecodeLegBody(client, t, p_info_),
-                    "application/json");
-  if (!r) return UnavailableError("D leg: no answer");
+  auto r = d_->Post("/v1/completions", router::DecodeLegBody(client, t, p_info_));
+  if (!r.ok()) return UnavailableError("D leg: no answer");
   if (r->status != 200 || router::JudgeCompletion(r->body).failed()) {
     return UnavailableError("D leg: " + std::to_string(r->status) + " " +
                             router::UpstreamErrorMessage(r->body));
@@ -111,9 +107,9 @@ Result<BenchCluster::Pulled> BenchCluster::Decode(const json& client, const Tran
   return FindPull(t);
 }
 
-BenchCluster::SendSeen BenchCluster::SendState(httplib::Client& cli, const TransferId& t) {
+BenchCluster::SendSeen BenchCluster::SendState(const http::Client& cli, const TransferId& t) {
   auto r = cli.Get("/debug/state");
-  if (!r || r->status != 200) return {};
+  if (!r.ok() || r->status != 200) return {};
   const json doc = json::parse(r->body, nullptr, false);
   if (doc.is_discarded() || !doc.contains("ranks")) return {};
   const std::string id = t.ToString();
@@ -129,8 +125,8 @@ BenchCluster::SendSeen BenchCluster::SendState(httplib::Client& cli, const Trans
 }
 
 Result<std::vector<BenchCluster::Pulled>> BenchCluster::NewPulls() {
-  auto r = d_->Get(("/debug/pulls?after=" + std::to_string(cursor_)).c_str());
-  if (!r || r->status != 200) return UnavailableError("D's /debug/pulls did not answer");
+  auto r = d_->Get("/debug/pulls?after=" + std::to_string(cursor_));
+  if (!r.ok() || r->status != 200) return UnavailableError("D's /debug/pulls did not answer");
   const json doc = json::parse(r->body, nullptr, false);
   if (doc.is_discarded() || !doc.contains("samples")) {
     return UnavailableError("D's /debug/pulls: not the expected JSON");

@@ -17,7 +17,7 @@
 // (SendState's `cli`).
 #pragma once
 
-#include <httplib.h>
+#include "http/http_client.h"
 
 #include <cstdint>
 #include <memory>
@@ -72,8 +72,8 @@ class BenchCluster {
   std::string plain_url() const {
     return cluster_.plain_urls().empty() ? "" : cluster_.plain_urls()[0];
   }
-  httplib::Client& p() { return *p_; }
-  httplib::Client& d() { return *d_; }
+  const http::Client& p() const { return *p_; }
+  const http::Client& d() const { return *d_; }
   const router::EngineInfo& p_info() const { return p_info_; }
 
   // A fresh prompt of `tokens` random tokens: {"prompt", "max_tokens": 1,
@@ -107,7 +107,7 @@ class BenchCluster {
     uint32_t pull_items = 0;
     uint32_t need = 0;  // D ranks to pull; 0 until P's engine claimed the send
   };
-  SendSeen SendState(httplib::Client& cli, const TransferId& t);
+  SendSeen SendState(const http::Client& cli, const TransferId& t);
 
   // The answer D logged for `t` since the last read of the log (tp 1: one).
   Result<Pulled> FindPull(const TransferId& t);
@@ -119,7 +119,7 @@ class BenchCluster {
 
  private:
   LocalCluster cluster_;
-  std::unique_ptr<httplib::Client> p_, d_;
+  std::unique_ptr<http::Client> p_, d_;
   router::EngineInfo p_info_;
   engine::ModelShape shape_;
   uint64_t cursor_ = 0;

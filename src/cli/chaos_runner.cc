@@ -6,7 +6,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <httplib.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +19,7 @@
 #include "cli/chaos_partition.h"
 #include "cli/local_cluster.h"
 #include "engine/model.h"
+#include "http/http_client.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -70,10 +70,8 @@ double MeasureRecovery(const std::string& router, const std::string& d_url, bool
   const double base = require_kv ? LoadsOk(d_url) : 0;
   engine::ModelShape shape;
   engine::ModelShapeByName("tiny", &shape);
-  httplib::Client cli(router);
-  cli.set_tcp_nodelay(true);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(10);
+  const http::Client cli(router, http::ClientOptions::Timeouts(Duration::Seconds(1),
+                                                               Duration::Seconds(10)));
   bool served = false;
   for (uint64_t attempt = 0; Since(t0) < limit_s; ++attempt) {
     if (!served) {
@@ -84,8 +82,8 @@ double MeasureRecovery(const std::string& router, const std::string& d_url, bool
         prompt.push_back(static_cast<engine::Token>(1 + prng.Uniform(shape.vocab - 1)));
       }
       json body = {{"prompt", prompt}, {"max_tokens", 4}};
-      auto r = cli.Post("/v1/completions", body.dump(), "application/json");
-      if (r && r->status == 200) {
+      auto r = cli.Post("/v1/completions", body.dump());
+      if (r.ok() && r->status == 200) {
         json j = json::parse(r->body, nullptr, false);
         if (!j.is_discarded() && j.contains("choices")) {
           const auto ids = j["choices"][0].value("token_ids", std::vector<engine::Token>{});

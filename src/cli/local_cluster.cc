@@ -4,8 +4,8 @@
 
 #include <cstdlib>
 
-#include <httplib.h>
 
+#include "http/http_client.h"
 #include "runtime/free_port.h"
 
 namespace kvrelay::cli {
@@ -24,12 +24,11 @@ namespace {
 bool WaitHealthy(const std::string& url, ChildProcess& child, double timeout_s) {
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  httplib::Client cli(url);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(2);
+  const http::Client cli(url, http::ClientOptions::Timeouts(Duration::Seconds(1),
+                                                            Duration::Seconds(2)));
   while (std::chrono::steady_clock::now() < until) {
     if (!child.Running()) return false;
-    if (auto r = cli.Get("/health"); r && r->status == 200) return true;
+    if (auto r = cli.Get("/health"); r.ok() && r->status == 200) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
@@ -163,22 +162,20 @@ std::string LocalCluster::Stop(bool* clean) {
 }
 
 double MetricSample(const std::string& url, const std::string& sample) {
-  httplib::Client cli(url);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(3);
+  const http::Client cli(url, http::ClientOptions::Timeouts(Duration::Seconds(1),
+                                                            Duration::Seconds(3)));
   auto r = cli.Get("/metrics");
-  if (!r || r->status != 200) return -1;
+  if (!r.ok() || r->status != 200) return -1;
   const std::string key = "\n" + sample + " ";  // a sample line, not its # HELP
   const size_t at = r->body.find(key);
   return at == std::string::npos ? -1 : std::strtod(r->body.c_str() + at + key.size(), nullptr);
 }
 
 Result<nlohmann::json> GetJson(const std::string& url, const std::string& path) {
-  httplib::Client cli(url);
-  cli.set_connection_timeout(2);
-  cli.set_read_timeout(5);
-  auto r = cli.Get(path.c_str());
-  if (!r || r->status != 200) return Status(StatusCode::kUnavailable, url + path);
+  const http::Client cli(url, http::ClientOptions::Timeouts(Duration::Seconds(2),
+                                                            Duration::Seconds(5)));
+  auto r = cli.Get(path);
+  if (!r.ok() || r->status != 200) return Status(StatusCode::kUnavailable, url + path);
   nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
   if (j.is_discarded()) return Status(StatusCode::kUnavailable, url + path + ": not JSON");
   return j;

@@ -12,6 +12,7 @@
 #include <ctime>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "router/engine_pool.h"
 #include "router/router_server.h"
 #include "runtime/auth_token.h"
@@ -26,15 +27,13 @@ struct RouterCliOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
   uint32_t max_inflight = 4096;
-  size_t max_body_bytes = size_t{1} << 20;
   uint32_t max_requests_per_client = 1024;
-  uint32_t http_threads = 0;
+  HttpFlags http;
+  uint32_t leg_threads = 2;
   double discovery_timeout_s = 30;
   double connect_timeout_s = 3;
-  double upstream_idle_timeout_s = 60;
-  double probe_interval_ms = 200;
+  double upstream_idle_timeout_s = 3600;
   double max_queue_wait_s = 300;
-  double commit_wait_ms = 1000;
   double recheck_interval_ms = 1000;
   double drain_timeout_s = 5;
   std::string auth_token_file;
@@ -58,12 +57,12 @@ bool SignalWithin(const sigset_t& set, Duration d) {
 }
 
 int RunRouter(const RouterCliOptions& o) {
-  if (o.max_inflight == 0 || o.max_body_bytes == 0 || o.probe_interval_ms <= 0 ||
+  if (o.max_inflight == 0 || o.leg_threads == 0 ||
       o.discovery_timeout_s < 0 || o.connect_timeout_s <= 0 || o.upstream_idle_timeout_s <= 0 ||
-      o.commit_wait_ms < 0 || o.recheck_interval_ms <= 0 || o.drain_timeout_s < 0) {
+      o.recheck_interval_ms <= 0 || o.drain_timeout_s < 0) {
     std::fprintf(stderr,
-                 "kvrelay router: --max-inflight, --max-body-bytes and the timeouts must be "
-                 "positive\n");
+                 "kvrelay router: --max-inflight, --max-body-bytes, --leg-threads and the "
+                 "timeouts must be positive\n");
     return 2;
   }
   if (!o.auth_token_file.empty()) {
@@ -129,17 +128,16 @@ int RunRouter(const RouterCliOptions& o) {
   }
 
   router::RouterOptions ro;
-  ro.host = o.host;
-  ro.port = o.port;
   ro.max_inflight = o.max_inflight;
-  ro.max_body_bytes = o.max_body_bytes;
   ro.max_requests_per_client = o.max_requests_per_client;
-  ro.http_threads = o.http_threads;
+  ro.leg_threads = o.leg_threads;
+  if (std::string err = HttpOptionsFrom(o.http, o.host, o.port, &ro.http); !err.empty()) {
+    std::fprintf(stderr, "kvrelay router: %s\n", err.c_str());
+    return 2;
+  }
   ro.relay.upstream.connect_timeout = Seconds(o.connect_timeout_s);
   ro.relay.upstream.idle_timeout = Seconds(o.upstream_idle_timeout_s);
-  ro.relay.probe_interval = Millis(o.probe_interval_ms);
   ro.relay.max_queue_wait = Seconds(o.max_queue_wait_s);
-  ro.commit_wait = Millis(o.commit_wait_ms);
   ro.recheck_interval = Millis(o.recheck_interval_ms);
   ro.drain_timeout = Seconds(o.drain_timeout_s);
   Result<std::unique_ptr<router::RouterServer>> server = router::RouterServer::Start(ro, *pool);
@@ -179,13 +177,12 @@ void RegisterRouter(CLI::App& app) {
   cmd->add_option("--max-inflight", o->max_inflight,
                   "client requests served at once; more get 503")
       ->capture_default_str();
-  cmd->add_option("--max-body-bytes", o->max_body_bytes, "largest request body; more get 413")
-      ->capture_default_str();
   cmd->add_option("--max-requests-per-client", o->max_requests_per_client,
                   "client requests at once per remote address; more get 429 (0: no limit)")
       ->capture_default_str();
-  cmd->add_option("--http-threads", o->http_threads,
-                  "most HTTP connections served at once (0: --max-inflight + 64)")
+  AddHttpFlags(cmd, &o->http);
+  cmd->add_option("--leg-threads", o->leg_threads,
+                  "threads running every leg's call to the engines (no thread waits for a leg)")
       ->capture_default_str();
   cmd->add_option("--discovery-timeout-s", o->discovery_timeout_s,
                   "how long to wait at start for every engine's GET /kv_info")
@@ -194,21 +191,14 @@ void RegisterRouter(CLI::App& app) {
                   "connecting to an engine (and GET /kv_info) gives up after this")
       ->capture_default_str();
   cmd->add_option("--upstream-idle-timeout-s", o->upstream_idle_timeout_s,
-                  "a leg whose engine sends nothing this long fails")
+                  "a leg whose engine sends nothing this long fails (the engines write nothing "
+                  "while a request waits; --max-queue-wait-s bounds that)")
       ->capture_default_str();
   cmd->add_option("--max-queue-wait-s", o->max_queue_wait_s,
                   "a request with no token this long after it arrived (P's leg not done: P "
                   "paused or asleep; or no token streamed) fails with 503 and both legs are "
                   "cancelled; 0: no bound (the engines' own --max-queue-wait-s still applies)")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--probe-interval-ms", o->probe_interval_ms,
-                  "while waiting on D, write a probe (\" \" or an SSE comment) to the client "
-                  "this often, to notice one that went away")
-      ->capture_default_str();
-  cmd->add_option("--commit-wait-ms", o->commit_wait_ms,
-                  "hold the response status this long waiting for P to answer, so an early "
-                  "failure is still a clean 502 (or the engine's 4xx)")
       ->capture_default_str();
   cmd->add_option("--recheck-interval-ms", o->recheck_interval_ms,
                   "how often an engine that is down is asked for /kv_info again")

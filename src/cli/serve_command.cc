@@ -5,16 +5,27 @@
 // answered, wait (bounded) for transfers to settle, exit 0.
 #include <signal.h>
 
+#include <array>
 #include <cstdio>
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
+#include "runtime/free_port.h"
+#include "runtime/os_random.h"
 #include "runtime/clock.h"
 #include "runtime/auth_token.h"
 #include "server/engine_server.h"
 
 namespace kvrelay::cli {
 namespace {
+
+uint32_t RandomEngineId() {
+  std::array<uint8_t, 16> r = runtime::NonceFromOs();
+  uint32_t id = (uint32_t{r[0]} | uint32_t{r[1]} << 8 | uint32_t{r[2]} << 16 |
+                 uint32_t{r[3]} << 24) & ((1u << 28) - 1);
+  return id == 0 ? 1 : id;
+}
 
 struct ServeCliOptions {
   std::string role = "both";
@@ -52,8 +63,7 @@ struct ServeCliOptions {
   double peer_dead_after_s = 10;
   std::string load_failure_policy = "recompute";
   double max_queue_wait_s = 300;
-  uint32_t http_threads = 512;
-  size_t max_body_bytes = size_t{1} << 20;
+  HttpFlags http;
   uint32_t max_prompt_tokens = 0;
   uint32_t max_requests_per_client = 8192;
   bool no_prefix_caching = false;
@@ -101,7 +111,13 @@ int RunServe(const ServeCliOptions& o) {
   }
   eo.max_queue_wait = Duration::Microseconds(static_cast<int64_t>(o.max_queue_wait_s * 1e6));
   eo.tp = o.tp;
-  eo.engine_id = o.engine_id != 0 ? o.engine_id : o.port;
+  // Not from the port: --port 0 (or two hosts on one port) must not give two
+  // engines one id. Random below 2^28 (a consumer_engine_id's range).
+  eo.engine_id = o.engine_id != 0 ? o.engine_id : RandomEngineId();
+  if (eo.engine_id >= (1u << 28)) {
+    std::fprintf(stderr, "kvrelay serve: --engine-id must be below 2^28 (268435456)\n");
+    return 2;
+  }
   eo.incarnation = runtime::NewIncarnation();
   eo.num_blocks = o.num_blocks != 0 ? o.num_blocks : (eo.shape.name == "tiny" ? 4096 : 512);
   eo.max_batch_tokens =
@@ -122,7 +138,18 @@ int RunServe(const ServeCliOptions& o) {
   }
   no.listen_host = o.host;
   no.advertise_host = o.advertise_host.empty() ? o.host : o.advertise_host;
-  no.ctrl_port = static_cast<uint16_t>(o.ctrl_port >= 0 ? o.ctrl_port : o.port + 1000);
+  if (o.ctrl_port >= 0) {
+    no.ctrl_port = static_cast<uint16_t>(o.ctrl_port);
+  } else if (o.port != 0) {
+    no.ctrl_port = static_cast<uint16_t>(o.port + 1000);
+  } else {
+    // --port 0: tp free consecutive ports (the ranks listen on base + rank).
+    no.ctrl_port = runtime::FreeLoopbackPorts(o.tp);
+    if (no.ctrl_port == 0) {
+      std::fprintf(stderr, "kvrelay serve: no %u free consecutive ports for --ctrl-port\n", o.tp);
+      return 1;
+    }
+  }
   no.num_workers = o.num_workers;
   no.inline_write_bytes = uint64_t{o.inline_write_kib} * 1024;
   no.local_lane = !o.no_local_lane;
@@ -161,14 +188,10 @@ int RunServe(const ServeCliOptions& o) {
   no.lease_extension = seconds(o.lease_extension_s);
   no.lease_heartbeat = seconds(o.lease_heartbeat_s);
   no.read_margin = seconds(o.read_margin_s);
-  so.http_host = o.host;
-  so.http_port = o.port;
-  so.http_threads = o.http_threads;
-  if (o.max_body_bytes == 0) {
-    std::fprintf(stderr, "kvrelay serve: --max-body-bytes must be at least 1\n");
+  if (std::string err = HttpOptionsFrom(o.http, o.host, o.port, &so.http); !err.empty()) {
+    std::fprintf(stderr, "kvrelay serve: %s\n", err.c_str());
     return 2;
   }
-  so.max_body_bytes = o.max_body_bytes;
   so.max_prompt_tokens = o.max_prompt_tokens;
   so.max_requests_per_client = o.max_requests_per_client;
 
@@ -217,11 +240,12 @@ void RegisterServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--port", o->port, "HTTP port (0: any free port)")->capture_default_str();
   cmd->add_option("--ctrl-port", o->ctrl_port,
-                  "control channel base port; rank r listens on it + r (default: --port + 1000)");
+                  "control channel base port; rank r listens on it + r (default: --port + 1000; "
+                  "with --port 0, free ports)");
   cmd->add_option("--advertise-host", o->advertise_host,
                   "host D engines should connect to (default: --host)");
   cmd->add_option("--engine-id", o->engine_id,
-                  "this engine's id, unique in the cluster (default: --port)");
+                  "this engine's id, unique in the cluster, below 2^28 (default: random)");
   cmd->add_option("--num-blocks", o->num_blocks,
                   "KV blocks in the pool (default: 4096 for tiny, 512 otherwise)");
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per step");
@@ -314,11 +338,7 @@ void RegisterServe(CLI::App& app) {
                   "or a sleep, or waiting for KV that does not come) ends with a clean error; "
                   "0: wait for resume / wake_up however long")
       ->capture_default_str();
-  cmd->add_option("--http-threads", o->http_threads, "HTTP connections served at once")
-      ->capture_default_str();
-  cmd->add_option("--max-body-bytes", o->max_body_bytes,
-                  "largest request body; more get 413")
-      ->capture_default_str();
+  AddHttpFlags(cmd, &o->http);
   cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
                   "longest prompt in tokens; more get 400 (0: the model's context - 1)")
       ->capture_default_str();

@@ -4,7 +4,6 @@
 // trip, the summary of targets, --json and --plot.
 #include "cli/transfer_bench.h"
 
-#include <httplib.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -306,8 +305,7 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
   AbortRow row;
   row.transport = transport;
   row.probes = o.abort_probes;
-  httplib::Client admin(c.p_url());
-  admin.set_tcp_nodelay(true);
+  const http::Client admin(c.p_url());
   for (uint32_t i = 0; i < o.abort_probes; ++i) {
     const std::string rid = "abort-probe-" + std::to_string(o.seed) + "-" + std::to_string(i);
     json client = c.Prompt(prng, 900);
@@ -318,11 +316,9 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
     const TransferId t = *id;
     std::thread p_leg([&] { (void)c.Prefill(client, t); });
     std::thread d_leg([&] {
-      httplib::Client d(c.d_url());
-      d.set_tcp_nodelay(true);
-      d.set_read_timeout(60, 0);
-      (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()),
-                   "application/json");
+      const http::Client d(c.d_url(), http::ClientOptions::Timeouts(Duration::Seconds(3),
+                                                                    Duration::Seconds(60)));
+      (void)d.Post("/v1/completions", router::DecodeLegBody(client, t, c.p_info()));
     });
     // Abort once D's pull waits at P on a send still WAITING that P's
     // engine has claimed (it admitted the request, whose 900-token prefill
@@ -351,10 +347,10 @@ Status AbortSection(const TransferBenchOptions& o, const std::string& transport,
     std::this_thread::sleep_for(std::chrono::microseconds(prng.Uniform(1000)));
     const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            Clock::now().time_since_epoch()).count();
-    const httplib::Result aborted =
-        admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump(), "application/json");
+    const Result<http::ClientResponse> aborted =
+        admin.Post("/abort_requests", json{{"request_ids", {rid}}}.dump());
     int64_t received_ns = 0;
-    if (aborted && aborted->status == 200) {
+    if (aborted.ok() && aborted->status == 200) {
       const json body = json::parse(aborted->body, nullptr, false);
       if (body.is_object()) received_ns = body.value("received_mono_ns", int64_t{0});
     }

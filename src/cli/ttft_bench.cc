@@ -4,7 +4,6 @@
 // then the figures (CompareTtft), the verdicts and --json.
 #include "cli/ttft_bench.h"
 
-#include <httplib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,29 +48,21 @@ struct Streamed {
 // Sends `body` (which must say "stream": true) and reads the SSE stream to
 // its end. Errors: no answer, an HTTP error, an error event, no token, a
 // stream cut off before [DONE].
-Result<Streamed> StreamOne(httplib::Client& cli, const json& body, double timeout_s) {
+Result<Streamed> StreamOne(const http::Client& cli, const json& body, double timeout_s) {
   Streamed out;
-  httplib::Request req;
+  http::ClientRequest req;
   req.method = "POST";
-  req.path = "/v1/completions";
+  req.target = "/v1/completions";
   req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
   int status = 0;
   router::SseSplitter sse;  // the router's: events however the bytes were chunked
-  std::string raw, error;
+  std::string error;
   bool done = false;
-  json final_event;
   const Clock::time_point t0 = Clock::now();
-  req.response_handler = [&](const httplib::Response& r) {
-    status = r.status;
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (status != 200) {
-      raw.append(data, n);
-      return raw.size() < (1u << 20);
-    }
-    sse.Feed({data, n});
+  http::ClientSink sink;
+  sink.on_status = [&](int s) { status = s; };
+  sink.on_data = [&](std::string_view data) {
+    sse.Feed(data);
     while (std::optional<std::string> ev = sse.Next()) {
       const std::optional<std::string> data_line = router::SseSplitter::DataOf(*ev);
       if (!data_line) continue;  // a keep-alive comment
@@ -83,38 +74,37 @@ Result<Streamed> StreamOne(httplib::Client& cli, const json& body, double timeou
       if (j.is_discarded()) continue;
       if (j.contains("error") && !j["error"].is_null()) {
         error = j["error"].is_object() ? j["error"].value("message", "error") : j["error"].dump();
+        continue;
       }
-      if (out.ttft_s < 0 && j.contains("choices") && !j["choices"].empty() &&
-          !j["choices"][0].value("token_ids", json::array()).empty()) {
+      const json choices = j.value("choices", json::array());
+      if (choices.empty()) continue;   // the usage chunk
+      const json ids = choices[0].value("token_ids", json::array());
+      const json vers = choices[0].value("weights_versions", json::array());
+      if (out.ttft_s < 0 && !ids.empty()) {
         out.ttft_s = Since(t0);
         out.first_token_mono_ns = MonoNs();
       }
-      if (j.contains("usage")) final_event = j;  // the last event: the whole result
+      for (size_t k = 0; k < ids.size() && k < vers.size(); ++k) {
+        out.tokens.push_back(
+            engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
+      }
     }
     return Since(t0) < timeout_s;
   };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool sent = cli.send(req, res, err);
-  if (!sent && status == 0) return UnavailableError("no response: " + httplib::to_string(err));
+  http::ClientOptions opts = cli.options();
+  opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(timeout_s * 1e9));
+  http::BlockingCall call;
+  Result<http::ClientResponse> r = call.Run(cli.base_url(), std::move(req), opts, std::move(sink));
+  if (!r.ok() && status == 0) return UnavailableError("no response: " + r.status().message());
   if (status != 200) {
-    return UnavailableError("HTTP " + std::to_string(status) + ": " + raw.substr(0, 300));
+    return UnavailableError("HTTP " + std::to_string(status) + ": " +
+                            (r.ok() ? r->body.substr(0, 300) : r.status().message()));
   }
   if (!error.empty()) return UnavailableError("error event: " + error);
   if (!done) {
     return UnavailableError(Since(t0) >= timeout_s ? "timed out" : "stream cut off before [DONE]");
   }
-  if (out.ttft_s < 0 || !final_event.contains("choices")) {
-    return UnavailableError("no token, or no final event with the result");
-  }
-  const json& c = final_event["choices"][0];
-  const json ids = c.value("token_ids", json::array());
-  const json vers = c.value("weights_versions", json::array());
-  if (ids.size() != vers.size()) return UnavailableError("token_ids and weights_versions differ");
-  for (size_t k = 0; k < ids.size(); ++k) {
-    out.tokens.push_back(
-        engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
-  }
+  if (out.ttft_s < 0) return UnavailableError("no token");
   return out;
 }
 
@@ -133,16 +123,7 @@ struct LengthRun {
 
 class TtftRun {
  public:
-  TtftRun(const TtftBenchOptions& o, BenchCluster& c) : o_(o), c_(c), prng_(o.seed) {
-    for (auto* cli : {&plain_, &router_}) {
-      cli->set_read_timeout(static_cast<time_t>(o.request_timeout_s), 0);
-      cli->set_keep_alive(true);
-      // As serving benchmarks' clients do (aiohttp sets it): without it,
-      // Nagle holds the body behind the headers until the server's delayed
-      // ACK, ~40 ms on Linux loopback, in every TTFT.
-      cli->set_tcp_nodelay(true);
-    }
-  }
+  TtftRun(const TtftBenchOptions& o, BenchCluster& c) : o_(o), c_(c), prng_(o.seed) {}
 
   // Untimed: connections, handshakes, and the first touches of every pool
   // (on this machine kind a first touch of a page costs tens of µs; see
@@ -288,8 +269,10 @@ class TtftRun {
   const TtftBenchOptions& o_;
   BenchCluster& c_;
   Prng prng_;
-  httplib::Client plain_{c_.plain_url()};
-  httplib::Client router_{c_.router_url()};
+  // Nagle is off on the client's sockets (as aiohttp's): with it on, the
+  // body waits behind the headers for the server's delayed ACK (~40 ms).
+  const http::Client plain_{c_.plain_url()};
+  const http::Client router_{c_.router_url()};
 };
 
 Status Validate(const TtftBenchOptions& o, const engine::ModelShape& shape) {

@@ -1,10 +1,14 @@
 #include "http/http_client.h"
 
+#include <pthread.h>
+
 #include <cctype>
 #include <chrono>
 #include <optional>
+#include <thread>
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -246,6 +250,44 @@ std::shared_ptr<ClientCall> ClientCall::Start(asio::io_context& ioc, const Endpo
   return call;
 }
 
+struct ClientContext::State {
+  asio::io_context ioc;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::vector<std::thread> threads;
+  Mutex mu;
+  bool stopped GUARDED_BY(mu) = false;
+};
+
+ClientContext::ClientContext(uint32_t threads) : state_(std::make_unique<State>()) {
+  state_->guard.emplace(state_->ioc.get_executor());
+  for (uint32_t i = 0; i < std::max<uint32_t>(1, threads); ++i) {
+    state_->threads.emplace_back([s = state_.get()] {
+      pthread_setname_np(pthread_self(), "kv-http-call");
+      s->ioc.run();
+    });
+  }
+}
+
+ClientContext::~ClientContext() { Stop(); }
+
+std::shared_ptr<ClientCall> ClientContext::Start(const Endpoint& to, ClientRequest request,
+                                                 const ClientOptions& options, ClientSink sink,
+                                                 ClientCall::Done done) {
+  return ClientCall::Start(state_->ioc, to, std::move(request), options, std::move(sink),
+                           std::move(done));
+}
+
+void ClientContext::Stop() {
+  {
+    MutexLock lock(&state_->mu);
+    if (state_->stopped) return;
+    state_->stopped = true;
+  }
+  state_->guard.reset();
+  state_->ioc.stop();
+  for (std::thread& t : state_->threads) t.join();
+}
+
 BlockingCall::BlockingCall() = default;
 BlockingCall::~BlockingCall() = default;
 
@@ -282,6 +324,25 @@ Result<ClientResponse> Fetch(const std::string& base_url, ClientRequest request,
                              const ClientOptions& options, ClientSink sink) {
   BlockingCall call;
   return call.Run(base_url, std::move(request), options, std::move(sink));
+}
+
+Result<ClientResponse> Client::Get(const std::string& target, Headers headers) const {
+  ClientRequest r;
+  r.method = "GET";
+  r.target = target;
+  r.headers = std::move(headers);
+  return Fetch(base_url_, std::move(r), options_);
+}
+
+Result<ClientResponse> Client::Post(const std::string& target, std::string body,
+                                    std::string content_type, Headers headers) const {
+  ClientRequest r;
+  r.method = "POST";
+  r.target = target;
+  r.body = std::move(body);
+  r.content_type = std::move(content_type);
+  r.headers = std::move(headers);
+  return Fetch(base_url_, std::move(r), options_);
 }
 
 Result<ClientResponse> Get(const std::string& base_url, const std::string& target,

@@ -46,7 +46,15 @@ struct ClientOptions {
   Duration connect_timeout = Duration::Seconds(3);
   Duration idle_timeout = Duration::Seconds(60);
   size_t max_body_bytes = size_t{64} << 20;
+  static ClientOptions Timeouts(Duration connect, Duration idle) {
+    ClientOptions o;
+    o.connect_timeout = connect;
+    o.idle_timeout = idle;
+    return o;
+  }
 };
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
 
 struct ClientRequest {
   std::string method = "GET";
@@ -86,6 +94,27 @@ class ClientCall {
   virtual void Cancel() = 0;
 };
 
+// The threads asynchronous calls run on (the router's legs): owns an
+// io_context and `threads` threads, stopped and joined by Stop() or the
+// destructor. A call still running then is dropped without its `done`:
+// cancel the calls (and wait for them) first.
+// Threading: Start() and Stop() from any thread.
+class ClientContext {
+ public:
+  explicit ClientContext(uint32_t threads);
+  ~ClientContext();
+  ClientContext(const ClientContext&) = delete;
+  ClientContext& operator=(const ClientContext&) = delete;
+  std::shared_ptr<ClientCall> Start(const Endpoint& to, ClientRequest request,
+                                    const ClientOptions& options, ClientSink sink,
+                                    ClientCall::Done done);
+  void Stop();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // One call on the calling thread; Cancel() from any other thread ends it
 // (kCancelled), before, during or after Run().
 class BlockingCall {
@@ -106,6 +135,24 @@ class BlockingCall {
 // One call on the calling thread.
 Result<ClientResponse> Fetch(const std::string& base_url, ClientRequest request,
                              const ClientOptions& options = {}, ClientSink sink = {});
+// Calls to one base URL, for tools and tests; each call on the calling
+// thread, on a connection of its own. Threading: any thread; const.
+class Client {
+ public:
+  explicit Client(std::string base_url, ClientOptions options = {})
+      : base_url_(std::move(base_url)), options_(options) {}
+  Result<ClientResponse> Get(const std::string& target, Headers headers = {}) const;
+  Result<ClientResponse> Post(const std::string& target, std::string body,
+                              std::string content_type = "application/json",
+                              Headers headers = {}) const;
+  const std::string& base_url() const { return base_url_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  std::string base_url_;
+  ClientOptions options_;
+};
+
 // Shorthands: GET target; POST body (JSON) to target.
 Result<ClientResponse> Get(const std::string& base_url, const std::string& target,
                            const ClientOptions& options = {});

@@ -1,5 +1,7 @@
 #include "http/http_server.h"
 
+#include <pthread.h>
+
 #include <deque>
 #include <map>
 #include <thread>
@@ -118,6 +120,7 @@ void HttpServer::Impl::Dispatch(Request request, std::shared_ptr<Exchange> excha
 }
 
 void HttpServer::Impl::WorkerLoop() {
+  pthread_setname_np(pthread_self(), "kv-http-work");
   if (options_.on_thread_start) options_.on_thread_start();
   for (;;) {
     std::function<void()> job;
@@ -152,6 +155,7 @@ Status HttpServer::Impl::Start() {
   started_ = true;
   for (uint32_t i = 0; i < std::max<uint32_t>(1, options_.io_threads); ++i) {
     io_threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "kv-http-io");
       if (options_.on_thread_start) options_.on_thread_start();
       ioc_.run();
     });
@@ -298,5 +302,11 @@ ServerStats HttpServer::Stats() const {
 }
 
 void HttpServer::Stop() { impl_->Stop(); }
+
+void HttpServer::Post(std::function<void()> fn) {
+  MutexLock lock(&impl_->live_->mu);
+  if (!impl_->live_->alive) return;
+  asio::post(impl_->ioc_, std::move(fn));
+}
 
 }  // namespace kvrelay::http

@@ -123,6 +123,10 @@ class HttpServer {
   Status Start();
   uint16_t port() const;
   ServerStats Stats() const;
+  // Runs `fn` on an I/O thread soon (never on the caller's); after Stop(),
+  // never. It must not block. For owners whose work is driven by other
+  // threads (an engine's token stream) to do their HTTP side off them.
+  void Post(std::function<void()> fn);
   // Idempotent. Waits for the threads; handlers still running on workers
   // finish first (their exchanges write nothing).
   void Stop();

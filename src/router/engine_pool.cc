@@ -1,12 +1,12 @@
 #include "router/engine_pool.h"
 
-#include <httplib.h>
 
 #include <chrono>
 
 #include "base/check.h"
 #include "router/engine_picker.h"
 #include "runtime/clock.h"
+#include "http/http_client.h"
 #include "runtime/log.h"
 
 namespace kvrelay::router {
@@ -15,15 +15,13 @@ using nlohmann::json;
 using runtime::Log;
 
 Result<EngineInfo> FetchEngineInfo(const std::string& url, Duration timeout) {
-  httplib::Client c(url);
-  c.set_keep_alive(false);
-  c.set_tcp_nodelay(true);  // no 40 ms Nagle wait between head and body
-  c.set_connection_timeout(std::chrono::nanoseconds(timeout.ns()));
-  c.set_read_timeout(std::chrono::nanoseconds(timeout.ns()));
-  c.set_write_timeout(std::chrono::nanoseconds(timeout.ns()));
-  httplib::Result r = c.Get("/kv_info");
-  if (!r) {
-    return UnavailableError(url + "/kv_info: no answer (" + httplib::to_string(r.error()) + ")");
+  http::ClientOptions o;
+  o.connect_timeout = timeout;
+  o.idle_timeout = timeout;
+  o.max_body_bytes = 64 * 1024;
+  Result<http::ClientResponse> r = http::Get(url, "/kv_info", o);
+  if (!r.ok()) {
+    return UnavailableError(url + "/kv_info: no answer (" + r.status().message() + ")");
   }
   if (r->status != 200) {
     return UnavailableError(url + "/kv_info: HTTP " + std::to_string(r->status));

@@ -54,7 +54,8 @@ struct CompletionVerdict {
   bool parsed = false;          // a JSON object with choices[0]
   std::string finish_reason;    // "" if absent or null
   std::string error;            // the "error" field, if any
-  bool failed() const { return finish_reason == "error" || finish_reason == "abort"; }
+  bool failed() const { return finish_reason == "error"; }
+  bool aborted() const { return finish_reason == "abort"; }
 };
 // Leading whitespace (the engines' disconnect probe) is skipped.
 CompletionVerdict JudgeCompletion(std::string_view body);

@@ -93,7 +93,10 @@ TEST(JudgeCompletionTest, ReadsFinishReasonPastLeadingWhitespace) {
   v = JudgeCompletion(R"({"choices":[{"finish_reason":"error"}],"error":"load failed"})");
   EXPECT_TRUE(v.failed());
   EXPECT_EQ(v.error, "load failed");
-  EXPECT_TRUE(JudgeCompletion(R"({"choices":[{"finish_reason":"abort"}]})").failed());
+  // An abort is not a failure: the client gets it as a plain engine sends it.
+  v = JudgeCompletion(R"({"choices":[{"finish_reason":"abort"}]})");
+  EXPECT_FALSE(v.failed());
+  EXPECT_TRUE(v.aborted());
   v = JudgeCompletion(R"({"choices":[{"finish_reason":null}]})");
   EXPECT_TRUE(v.parsed);
   EXPECT_EQ(v.finish_reason, "");

@@ -1,7 +1,5 @@
 #include "router/relay.h"
 
-#include <httplib.h>
-
 #include "base/check.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -32,6 +30,42 @@ bool PrefillMovedOn(const std::string& body, const EngineInfo& told_d) {
          differs("remote_tp_size", told_d.tp);
 }
 
+LegEnd ToLegEnd(const Result<http::ClientResponse>& r) {
+  LegEnd end;
+  if (r.ok()) {
+    end.kind = LegEnd::Kind::kResponse;
+    end.status = r->status;
+    end.body = r->body;
+    return end;
+  }
+  if (r.status().code() == StatusCode::kCancelled) {
+    end.kind = LegEnd::Kind::kCancelled;
+    return end;
+  }
+  end.kind = LegEnd::Kind::kTransportError;
+  end.error = r.status().message();
+  // Cannot connect, or the connection broke: the engine may be down or
+  // restarted (a timeout or an answer the router refused is not that).
+  end.connection_failed = r.status().code() == StatusCode::kUnavailable;
+  return end;
+}
+
+http::ClientOptions CallOptions(const UpstreamOptions& u) {
+  http::ClientOptions o;
+  o.connect_timeout = u.connect_timeout;
+  o.idle_timeout = u.idle_timeout;
+  o.max_body_bytes = u.max_body_bytes;
+  return o;
+}
+
+http::ClientRequest Post(const std::string& body) {
+  http::ClientRequest r;
+  r.method = "POST";
+  r.target = kCompletionsPath;
+  r.body = body;
+  return r;
+}
+
 }  // namespace
 
 Relay::Relay(uint64_t id, const RelayOptions& options, ClientRequest request,
@@ -58,142 +92,137 @@ Relay::Relay(uint64_t id, const RelayOptions& options, ClientRequest request,
 
 template <typename F>
 void Relay::Feed(F&& f) {
+  bool finish = false;
+  double ttft_s = -1;
   {
     MutexLock lock(&mu_);
     f(logic_);
+    Drive();
+    finish = replied_ && !finished_;
+    std::swap(ttft_s, first_token_s_);
   }
-  cv_.NotifyAll();
+  if (ttft_s >= 0) metrics_->FirstToken(ttft_s);
   ApplyCancels();
+  if (finish) Finish();
+}
+
+void Relay::Drive() {
+  if (replied_ || !exchange_) return;
+  auto note_first_token = [&] {
+    if (ttft_noted_) return;
+    ttft_noted_ = true;
+    first_token_s_ = (runtime::MonoNow() - arrived_).seconds();
+  };
+  if (!logic_.committed()) {
+    if (!logic_.ReadyToCommit()) return;
+    if (logic_.decided()) {
+      ClientReply r = logic_.Reply();
+      exchange_->Respond(r.status, r.content_type, std::move(r.body));
+      replied_ = true;
+      if (logic_.stream() && logic_.outcome() == Outcome::kOk) note_first_token();
+      return;
+    }
+    logic_.Commit();
+    exchange_->StartStream(200, "text/event-stream", ": keep-alive\n\n");
+  }
+  if (!logic_.HasBody()) return;
+  bool finished = false, has_tokens = false;
+  std::string out = logic_.TakeBody(&finished, &has_tokens);
+  if (!out.empty()) exchange_->Write(std::move(out));
+  if (has_tokens) note_first_token();
+  if (finished) {
+    exchange_->End();
+    replied_ = true;
+  }
 }
 
 void Relay::ApplyCancels() {
-  bool p = false, d = false;
+  std::shared_ptr<http::ClientCall> p, d;
   {
     MutexLock lock(&mu_);
-    p = logic_.cancel_prefill();
-    d = logic_.cancel_decode();
+    if (logic_.cancel_prefill() && !prefill_cancelled_ && prefill_call_) {
+      prefill_cancelled_ = true;
+      p = prefill_call_;
+    }
+    if (logic_.cancel_decode() && !decode_cancelled_ && decode_call_) {
+      decode_cancelled_ = true;
+      d = decode_call_;
+    }
   }
-  if (p && !prefill_call_.cancelled()) prefill_call_.Cancel();
-  if (d && !decode_call_.cancelled()) decode_call_.Cancel();
+  if (p) p->Cancel();
+  if (d) d->Cancel();
 }
 
-void Relay::Start(LegThreads& threads) {
-  std::shared_ptr<Relay> self = shared_from_this();
-  auto p = std::make_shared<EnginePool::Lease>(std::move(engines_.prefill));
-  auto d = std::make_shared<EnginePool::Lease>(std::move(engines_.decode));
-  Status s = threads.Spawn([self, p] { self->RunPrefill(std::move(*p)); });
-  if (!s.ok()) {
-    p->Release();
-    d->Release();
-    LegEnd end;
-    end.kind = LegEnd::Kind::kTransportError;
-    end.error = s.message();
-    Feed([&](RelayLogic& l) { l.PrefillEnded(end); });
-    return;
+void Relay::Start(http::ClientContext& calls, std::shared_ptr<http::Exchange> exchange) {
+  {
+    MutexLock lock(&mu_);
+    exchange_ = exchange;
   }
-  s = threads.Spawn([self, d] { self->RunDecode(std::move(*d)); });
-  if (!s.ok()) {
-    d->Release();
-    LegEnd end;
-    end.kind = LegEnd::Kind::kTransportError;
-    end.error = s.message();
-    Feed([&](RelayLogic& l) { l.DecodeEnded(end); });
-  }
+  std::weak_ptr<Relay> weak = weak_from_this();
+  exchange->OnClientGone([weak] {
+    if (std::shared_ptr<Relay> r = weak.lock()) r->Feed([](RelayLogic& l) { l.ClientGone(); });
+  });
+  StartLeg(calls, std::make_shared<EnginePool::Lease>(std::move(engines_.prefill)), true);
+  StartLeg(calls, std::make_shared<EnginePool::Lease>(std::move(engines_.decode)), false);
 }
 
-void Relay::RunPrefill(EnginePool::Lease lease) {
-  LegEnd end = prefill_call_.Post(lease.url(), kCompletionsPath, prefill_body_,
-                                  UpstreamCall::Sink{}, options_.upstream);
-  if (end.kind == LegEnd::Kind::kTransportError && end.connection_failed) {
-    pool_->ReportConnectionFailure(lease.index());
-    metrics_->LegConnectionFailure(lease.index());
-  } else if (end.kind == LegEnd::Kind::kResponse && end.status == 200 &&
-             PrefillMovedOn(end.body, prefill_info_)) {
-    runtime::LogOnce("router", "moved:" + lease.url(),
-                     "engine " + lease.url() +
-                         " answered with kv_transfer_params unlike its /kv_info; rechecking");
-    pool_->RequestRecheck(lease.index());
-  }
-  lease.Release();
-  Feed([&](RelayLogic& l) { l.PrefillEnded(end); });
-}
-
-void Relay::RunDecode(EnginePool::Lease lease) {
-  UpstreamCall::Sink sink;
-  sink.on_status = [this](int status) { Feed([&](RelayLogic& l) { l.DecodeStatus(status); }); };
-  sink.on_data = [this](std::string_view bytes) {
-    bool stop = false;
-    Feed([&](RelayLogic& l) {
-      l.DecodeData(bytes);
-      stop = l.cancel_decode();
-    });
-    return !stop;
+void Relay::StartLeg(http::ClientContext& calls, Lease lease, bool prefill) {
+  auto ended = [prefill](const LegEnd& end) {
+    return [prefill, end](RelayLogic& l) { prefill ? l.PrefillEnded(end) : l.DecodeEnded(end); };
   };
-  LegEnd end = decode_call_.Post(lease.url(), kCompletionsPath, decode_body_, sink,
-                                 options_.upstream);
-  if (end.kind == LegEnd::Kind::kTransportError && end.connection_failed) {
-    pool_->ReportConnectionFailure(lease.index());
-    metrics_->LegConnectionFailure(lease.index());
+  Result<http::Endpoint> to = http::ParseBaseUrl(lease->url());
+  if (!to.ok()) {
+    lease->Release();
+    LegEnd end;
+    end.kind = LegEnd::Kind::kTransportError;
+    end.error = to.status().message();
+    return Feed(ended(end));
   }
-  lease.Release();
-  Feed([&](RelayLogic& l) { l.DecodeEnded(end); });
-}
-
-void Relay::WaitForCommitPoint(Duration max) {
-  MutexLock lock(&mu_);
-  cv_.WaitFor(&mu_, std::chrono::nanoseconds(max.ns()),
-              [&]() REQUIRES(mu_) { return logic_.ReadyToCommit(); });
-}
-
-std::optional<ClientReply> Relay::CommitOrReply() {
-  bool first_token = false;
-  std::optional<ClientReply> reply;
+  std::shared_ptr<Relay> self = shared_from_this();
+  http::ClientSink sink;
+  if (!prefill) {   // D's answer comes in as it is written
+    sink.on_status = [self](int status) {
+      self->Feed([&](RelayLogic& l) { l.DecodeStatus(status); });
+    };
+    sink.on_data = [self](std::string_view bytes) {
+      bool stop = false;
+      self->Feed([&](RelayLogic& l) {
+        l.DecodeData(bytes);
+        stop = l.cancel_decode();
+      });
+      return !stop;
+    };
+  }
+  auto done = [self, lease, prefill, ended](Result<http::ClientResponse> r) {
+    const LegEnd end = ToLegEnd(r);
+    if (end.kind == LegEnd::Kind::kTransportError && end.connection_failed) {
+      self->pool_->ReportConnectionFailure(lease->index());
+      self->metrics_->LegConnectionFailure(lease->index());
+    } else if (prefill && end.kind == LegEnd::Kind::kResponse && end.status == 200 &&
+               PrefillMovedOn(end.body, self->prefill_info_)) {
+      runtime::LogOnce("router", "moved:" + lease->url(),
+                       "engine " + lease->url() +
+                           " answered with kv_transfer_params unlike its /kv_info; rechecking");
+      self->pool_->RequestRecheck(lease->index());
+    }
+    lease->Release();
+    self->Feed(ended(end));
+  };
+  std::shared_ptr<http::ClientCall> call =
+      calls.Start(*to, Post(prefill ? prefill_body_ : decode_body_),
+                  CallOptions(options_.upstream), std::move(sink), std::move(done));
   {
     MutexLock lock(&mu_);
-    if (!logic_.decided()) {
-      logic_.Commit();
-      return std::nullopt;
-    }
-    reply = logic_.Reply();
-    if (logic_.stream() && logic_.outcome() == Outcome::kOk && !ttft_noted_) {
-      ttft_noted_ = first_token = true;
-    }
+    (prefill ? prefill_call_ : decode_call_) = std::move(call);
   }
-  if (first_token) metrics_->FirstToken((runtime::MonoNow() - arrived_).seconds());
-  return reply;
+  ApplyCancels();   // a cancel decided before the call existed
 }
 
-bool Relay::Pump(httplib::DataSink& sink) {
-  std::string out;
-  bool finished = false, has_tokens = false, first_token = false, cancel = false;
-  {
-    MutexLock lock(&mu_);
-    cv_.WaitFor(&mu_, std::chrono::nanoseconds(options_.probe_interval.ns()),
-                [&]() REQUIRES(mu_) { return logic_.HasBody(); });
-    const Duration waited = runtime::MonoNow() - arrived_;
-    if (options_.max_queue_wait > Duration::Zero() && waited >= options_.max_queue_wait &&
-        !logic_.decided()) {
-      logic_.QueueWaitExpired(waited.seconds());
-      cancel = logic_.decided();
-    }
-    if (logic_.HasBody()) out = logic_.TakeBody(&finished, &has_tokens);
-    if (has_tokens && !ttft_noted_) ttft_noted_ = first_token = true;
-  }
-  if (cancel) ApplyCancels();
-  // Nothing new: a probe, which also finds a client that went away.
-  if (out.empty() && !finished) out = request_.stream ? ": keep-alive\n\n" : " ";
-  if (!out.empty() && !sink.write(out.data(), out.size())) {
-    Feed([](RelayLogic& l) { l.ClientGone(); });
-    return false;
-  }
-  if (first_token) metrics_->FirstToken((runtime::MonoNow() - arrived_).seconds());
-  if (finished) sink.done();
-  return true;
-}
-
-void Relay::ClientReleased(bool success) {
-  if (!success) Feed([](RelayLogic& l) { l.ClientGone(); });
-  Finish();
+void Relay::CheckQueueWait(Instant now) {
+  if (options_.max_queue_wait <= Duration::Zero()) return;
+  const Duration waited = now - arrived_;
+  if (waited < options_.max_queue_wait) return;
+  Feed([&](RelayLogic& l) { l.QueueWaitExpired(waited.seconds()); });
 }
 
 void Relay::Shutdown() {
@@ -207,12 +236,9 @@ void Relay::Finish() {
     MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
-    if (!logic_.decided()) logic_.ClientGone();
     outcome = logic_.outcome();
     message = logic_.failure_message();
   }
-  cv_.NotifyAll();
-  ApplyCancels();
   const double seconds = (runtime::MonoNow() - arrived_).seconds();
   metrics_->RequestFinished(outcome, seconds);
   if (outcome != Outcome::kOk && outcome != Outcome::kBadRequest) {

@@ -1,23 +1,23 @@
 // relay.h — Relay: one client request through the router: its transfer_id,
-// its P and D legs running at once on their own threads, and the client's
-// response, written by the HTTP worker that took the request.
+// its P and D legs in flight at once, and the client's response.
 //
-// Why: RelayLogic (pure) decides; Relay runs it: it feeds the legs' events
-// in under one mutex, cancels a leg when the logic says so, and pumps what
-// the client should get into httplib's chunked writer, with a probe byte
-// (" " for JSON, an SSE comment for a stream) every probe period so that a
-// client that went away is noticed and both legs are cancelled.
+// Why: RelayLogic (pure) decides; Relay runs it. The legs are asynchronous
+// HTTP calls (http/http_client.h) whose callbacks feed the logic under one
+// mutex; Relay cancels a leg when the logic says so and writes what the
+// client should get into its Exchange — a whole response once the outcome
+// is known, or (a stream) the 200 head at the first event and each event
+// as it comes. No thread waits for a leg, and nothing is written to the
+// client before the logic allows it, so a failure known late still gets its
+// own status.
 //
-// Sequence: Start() spawns the legs; the HTTP worker calls
-// WaitForCommitPoint() (bounded) so a failure that comes early can still be
-// a whole reply with its own status, then CommitOrReply(): a whole reply if
-// the outcome is known, else the response is committed (200) and Pump()
-// writes it; ClientReleased() ends it. Finish() records the outcome once.
+// Sequence: Start() starts both legs; their callbacks and the exchange's
+// client-gone callback call Feed(); CheckQueueWait() (the server's sweep)
+// may fail it; Shutdown() ends it. Finish() records the outcome once, when
+// the client's response is over.
 //
-// Ownership: shared by the HTTP worker (through the chunked provider), the
-// two leg threads and the server's registry of live relays (for shutdown).
-// Each leg holds its engine Lease until its call ends.
-// Threading: see above; every public method is thread-safe.
+// Ownership: shared by the server's registry of live relays and the legs'
+// pending calls. Each leg holds its engine Lease until its call ends.
+// Threading: every public method is thread-safe.
 #pragma once
 
 #include <functional>
@@ -28,22 +28,27 @@
 #include "base/mutex.h"
 #include "base/time.h"
 #include "base/transfer_id.h"
+#include "http/exchange.h"
+#include "http/http_client.h"
 #include "router/engine_pool.h"
 #include "router/leg_bodies.h"
-#include "router/leg_threads.h"
 #include "router/relay_logic.h"
 #include "router/router_metrics.h"
-#include "router/upstream_call.h"
-
-namespace httplib {
-class DataSink;
-}
 
 namespace kvrelay::router {
 
+struct UpstreamOptions {
+  Duration connect_timeout = Duration::Seconds(3);
+  // The longest silence tolerated while waiting for a leg's answer. The
+  // engines write nothing while a request waits (queued, paused) and a
+  // non-streamed leg answers only at its end, so this is a last resort
+  // against a hung engine; --max-queue-wait-s bounds the common case.
+  Duration idle_timeout = Duration::Seconds(3600);
+  size_t max_body_bytes = size_t{16} << 20;
+};
+
 struct RelayOptions {
   UpstreamOptions upstream;
-  Duration probe_interval = Duration::Milliseconds(200);
   // RelayLogic::QueueWaitExpired after this long without a token (0: never).
   Duration max_queue_wait = Duration::Seconds(300);
 };
@@ -60,32 +65,25 @@ class Relay : public std::enable_shared_from_this<Relay> {
   uint64_t id() const { return id_; }
   const TransferId& transfer() const { return transfer_; }
 
-  // Starts both legs. On failure (no thread) the relay is decided
-  // (prefill_failed) and nothing runs.
-  void Start(LegThreads& threads);
-  // Waits up to `max` for RelayLogic::ReadyToCommit().
-  void WaitForCommitPoint(Duration max);
-  // The whole reply if the outcome is known (then call Finish()); otherwise
-  // commits (the client will get 200) and returns nullopt.
-  std::optional<ClientReply> CommitOrReply();
-  // The chunked provider's step: waits up to a probe period for something
-  // to write, writes it (or a probe); false if the client is gone.
-  bool Pump(httplib::DataSink& sink);
-  // The chunked provider's releaser.
-  void ClientReleased(bool success);
+  // Starts both legs on `calls`, answering through `exchange`.
+  void Start(http::ClientContext& calls, std::shared_ptr<http::Exchange> exchange);
+  // Fails the request if it has waited max_queue_wait for a token.
+  void CheckQueueWait(Instant now);
   // Stop both legs; the client gets "the router is shutting down".
   void Shutdown();
-  // Records the outcome (once) and calls on_finish.
-  void Finish();
 
  private:
-  void RunPrefill(EnginePool::Lease lease);
-  void RunDecode(EnginePool::Lease lease);
-  // Performs the cancels the logic asked for.
-  void ApplyCancels() EXCLUDES(mu_);
+  using Lease = std::shared_ptr<EnginePool::Lease>;
+  // Starts P's leg (prefill) or D's on `calls`; its end is fed to the logic.
+  void StartLeg(http::ClientContext& calls, Lease lease, bool prefill);
+  // Feeds an event to the logic, writes what it allows, cancels what it
+  // asks, and finishes when the response is over.
   template <typename F>
   void Feed(F&& f) EXCLUDES(mu_);
-  void NoteFirstToken();
+  // Writes to the client what the logic allows now.
+  void Drive() REQUIRES(mu_);
+  void ApplyCancels() EXCLUDES(mu_);
+  void Finish() EXCLUDES(mu_);
 
   const uint64_t id_;
   const RelayOptions options_;
@@ -100,12 +98,17 @@ class Relay : public std::enable_shared_from_this<Relay> {
   EngineInfo prefill_info_;    // what D was told about P
   std::string prefill_url_, decode_url_;
 
-  UpstreamCall prefill_call_, decode_call_;
   Mutex mu_;
-  CondVar cv_;
   RelayLogic logic_ GUARDED_BY(mu_);
+  std::shared_ptr<http::Exchange> exchange_ GUARDED_BY(mu_);
+  std::shared_ptr<http::ClientCall> prefill_call_ GUARDED_BY(mu_);
+  std::shared_ptr<http::ClientCall> decode_call_ GUARDED_BY(mu_);
+  bool prefill_cancelled_ GUARDED_BY(mu_) = false;
+  bool decode_cancelled_ GUARDED_BY(mu_) = false;
+  bool replied_ GUARDED_BY(mu_) = false;    // the client's response is over
   bool ttft_noted_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;
+  double first_token_s_ GUARDED_BY(mu_) = -1;   // to report, outside the lock
 };
 
 }  // namespace kvrelay::router

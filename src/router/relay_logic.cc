@@ -21,6 +21,7 @@ std::string_view OutcomeName(Outcome outcome) {
     case Outcome::kRejected: return "rejected";
     case Outcome::kShutdown: return "shutdown";
     case Outcome::kQueueWaitExpired: return "queue_wait_expired";
+    case Outcome::kAborted: return "aborted";
   }
   return "?";
 }
@@ -80,6 +81,7 @@ void RelayLogic::AppendTail() {
   switch (outcome_) {
     case Outcome::kPending:
     case Outcome::kOk:
+    case Outcome::kAborted:
     case Outcome::kClientDisconnect:
       return;
     case Outcome::kBadRequest: {
@@ -91,6 +93,7 @@ void RelayLogic::AppendTail() {
       break;
     }
     case Outcome::kShutdown:
+    case Outcome::kQueueWaitExpired:
       error = server::ErrorJson(message_, "server_error", 503);
       break;
     default:
@@ -126,7 +129,29 @@ void RelayLogic::PrefillEnded(const LegEnd& end) {
                                              UpstreamErrorMessage(end.body));
   }
   if (v.failed()) return Fail(Outcome::kPrefillFailed, FinishMessage("prefill", v));
+  if (v.aborted()) {
+    json j = json::parse(TrimLeadingSpace(end.body), nullptr, false);
+    j["kv_transfer_params"] = nullptr;
+    return Aborted(j);
+  }
   p_ok_ = true;
+}
+
+void RelayLogic::Aborted(const json& completion) {
+  if (decided()) return;
+  outcome_ = Outcome::kAborted;
+  cancel_p_ = cancel_d_ = true;
+  if (!stream_) {
+    out_ = completion.dump(-1, ' ', false, json::error_handler_t::replace);
+    return;
+  }
+  // As the stream a plain engine sends: the choice (with finish_reason) as
+  // a chunk, then the end.
+  json chunk = completion;
+  chunk.erase("usage");
+  chunk.erase("kv_transfer_params");
+  out_ += server::SseEvent(chunk.dump(-1, ' ', false, json::error_handler_t::replace));
+  out_ += server::SseDone();
 }
 
 void RelayLogic::DecodeStatus(int status) { d_status_ = status; }
@@ -151,19 +176,29 @@ void RelayLogic::OnEvent(const std::string& event) {
   if (*data == "[DONE]") {
     if (final_seen_ && !final_failed_) {
       out_ += server::SseDone();
-      Succeed();
+      if (final_aborted_) {
+        outcome_ = Outcome::kAborted;
+        cancel_p_ = cancel_d_ = true;
+      } else {
+        Succeed();
+      }
     } else {
       Fail(Outcome::kDecodeFailed, "decode failed: the stream ended without a final event");
     }
     return;
   }
   const json j = json::parse(*data, nullptr, false);
+  if (j.is_object() && j.contains("error")) {
+    // D failed mid-stream; the tail says so in the router's words.
+    return Fail(Outcome::kDecodeFailed, "decode failed: " + UpstreamErrorMessage(*data));
+  }
   out_ += server::SseEvent(*data);
   if (j.is_discarded()) return;   // not ours to judge: relayed as is
   if (HasTokens(j)) out_has_tokens_ = streamed_tokens_ = true;
   const CompletionVerdict v = JudgeCompletionJson(j);
   if (v.finish_reason.empty()) return;
   final_seen_ = true;
+  final_aborted_ = v.aborted();
   if (v.failed()) {
     final_failed_ = true;
     Fail(Outcome::kDecodeFailed, FinishMessage("decode", v));
@@ -196,6 +231,11 @@ void RelayLogic::DecodeEnded(const LegEnd& end) {
   if (v.failed()) return Fail(Outcome::kDecodeFailed, FinishMessage("decode", v));
   out_ = std::string(TrimLeadingSpace(d_body_));
   d_body_.clear();
+  if (v.aborted()) {
+    outcome_ = Outcome::kAborted;
+    cancel_p_ = cancel_d_ = true;
+    return;
+  }
   Succeed();
 }
 
@@ -222,9 +262,7 @@ void RelayLogic::Commit() {
   if (decided()) AppendTail();
 }
 
-bool RelayLogic::ReadyToCommit() const {
-  return decided() || (stream_ && !out_.empty()) || (p_ok_ && d_status_ == 200);
-}
+bool RelayLogic::ReadyToCommit() const { return decided() || (stream_ && !out_.empty()); }
 
 ClientReply RelayLogic::Reply() const {
   KV_CHECK(decided() && !committed_);
@@ -232,6 +270,7 @@ ClientReply RelayLogic::Reply() const {
   r.content_type = "application/json";
   switch (outcome_) {
     case Outcome::kOk:
+    case Outcome::kAborted:
       r.status = 200;
       if (stream_) r.content_type = "text/event-stream";
       r.body = out_;

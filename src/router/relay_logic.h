@@ -11,20 +11,27 @@
 //   - a leg answering 4xx: the client gets that status and body as is
 //     (outcome bad_request); the other leg is cancelled.
 //   - P failing (transport error, a status other than 200 or 4xx, a body
-//     that is not a completion, finish_reason "error"/"abort"): outcome
+//     that is not a completion, finish_reason "error"): outcome
 //     prefill_failed, D is cancelled, the client gets "prefill failed: ...".
-//   - D failing likewise: outcome decode_failed, P is cancelled.
+//   - D failing likewise (or an {"error": ...} event in its stream): outcome
+//     decode_failed, P is cancelled.
+//   - an engine aborting the request (finish_reason "abort": abort_requests,
+//     a pause or sleep in abort mode): outcome aborted; the client gets what
+//     a plain engine sends, a completion with finish_reason "abort" (200) —
+//     D's answer as is, or P's (without its kv_transfer_params) with D
+//     cancelled.
 //   - P succeeding decides nothing: D pulls the KV and answers.
 //   - D finishing well (its whole JSON body with a good finish_reason, or
 //     its stream's "data: [DONE]" after a good final event): outcome ok.
 //   - the client going away: outcome client_disconnect, both cancelled.
 //   - shutdown: outcome shutdown, both cancelled.
-// Before Commit() a failure is a whole reply: 502 with
-// {"error": {"message", "type": "upstream_error", "code": 502}} (503
-// "server_error" for shutdown). After Commit() (the client has the 200
-// headers) it goes into the body: for a stream, a last SSE event with that
-// error object then "data: [DONE]"; otherwise the error object as the JSON
-// body.
+// Commit: a non-streamed response is never committed before the outcome
+// is known (ReadyToCommit() is decided()); a failure is then a whole reply:
+// 502 with {"error": {"message", "type": "upstream_error", "code": 502}}
+// (503 "server_error" for shutdown and queue_wait_expired). A stream is
+// committed (200 and the event-stream head) at its first event; a failure
+// after that is a last SSE event with that error object, then
+// "data: [DONE]".
 //
 // Streams are relayed whole event by event (SseSplitter); D's keep-alive
 // comments are dropped (Relay writes its own). D's final event with
@@ -36,6 +43,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include <nlohmann/json.hpp>
 
 #include "router/sse_splitter.h"
 
@@ -51,10 +60,11 @@ enum class Outcome : uint8_t {
   kRejected,   // refused before any leg started (at capacity, no engine up)
   kShutdown,
   kQueueWaitExpired,  // no token within --max-queue-wait-s: both legs cancelled
+  kAborted,  // an engine aborted it (abort_requests, a pause): finish_reason "abort", 200
 };
-inline constexpr size_t kOutcomeCount = static_cast<size_t>(Outcome::kQueueWaitExpired) + 1;
+inline constexpr size_t kOutcomeCount = static_cast<size_t>(Outcome::kAborted) + 1;
 // "pending", "ok", "client_disconnect", "prefill_failed", "decode_failed",
-// "bad_request", "rejected", "shutdown", "queue_wait_expired".
+// "bad_request", "rejected", "shutdown", "queue_wait_expired", "aborted".
 std::string_view OutcomeName(Outcome outcome);
 
 // How one leg's HTTP call ended.
@@ -112,8 +122,8 @@ class RelayLogic {
   // The leg should be stopped now (stays true once set).
   bool cancel_prefill() const { return cancel_p_; }
   bool cancel_decode() const { return cancel_d_; }
-  // The client's response may be committed: an outcome is known, P answered
-  // well and D answered 200, or stream bytes wait to be written.
+  // The client's response may be committed: an outcome is known, or (a
+  // stream) events wait to be written.
   bool ReadyToCommit() const;
   // REQUIRES: decided() && !committed().
   ClientReply Reply() const;
@@ -130,6 +140,9 @@ class RelayLogic {
   void PassThrough(int status, std::string body);
   void Succeed();
   void OnEvent(const std::string& event);
+  // An engine aborted the request: `body` (a completion with finish_reason
+  // "abort") is what the client gets.
+  void Aborted(const nlohmann::json& completion);
   void AppendTail();
 
   const bool stream_;
@@ -143,6 +156,7 @@ class RelayLogic {
   SseSplitter sse_;
   bool final_seen_ = false;
   bool final_failed_ = false;
+  bool final_aborted_ = false;
   // Non-stream: D's body so far.
   std::string d_body_;
   // What the client gets: stream events to relay (or the whole body).

@@ -47,28 +47,64 @@ json ErrorOf(const std::string& body) {
   return j.at("error");
 }
 
+// A non-streamed response is committed only once its outcome is known, so
+// its status is the outcome's.
 TEST(RelayLogicTest, NonStreamHappyPath) {
   RelayLogic l(false);
   EXPECT_FALSE(l.ReadyToCommit());
   l.DecodeStatus(200);
   EXPECT_FALSE(l.ReadyToCommit());   // P has not answered yet
   l.PrefillEnded(Response(200, std::string("   ") + kPrefillOk));
-  EXPECT_TRUE(l.ReadyToCommit());
+  EXPECT_FALSE(l.ReadyToCommit());   // nor has D
   EXPECT_FALSE(l.decided());
   EXPECT_FALSE(l.cancel_prefill() || l.cancel_decode());
-  l.Commit();
-  EXPECT_FALSE(l.HasBody());
   l.DecodeData("  ");
   l.DecodeData(std::string(kDecodeOk).substr(0, 10));
   l.DecodeData(std::string(kDecodeOk).substr(10));
-  EXPECT_FALSE(l.HasBody());
+  EXPECT_FALSE(l.ReadyToCommit());
   l.DecodeEnded(Response(200, ""));
   EXPECT_EQ(l.outcome(), Outcome::kOk);
-  bool finished = false, tokens = false;
-  EXPECT_EQ(l.TakeBody(&finished, &tokens), kDecodeOk);   // D's leading spaces dropped
-  EXPECT_TRUE(finished);
-  EXPECT_FALSE(l.HasBody());
+  ASSERT_TRUE(l.ReadyToCommit());
+  const ClientReply r = l.Reply();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, kDecodeOk);   // D's leading spaces dropped
   EXPECT_FALSE(l.cancel_prefill() || l.cancel_decode());
+}
+
+// An engine's abort ends the request as a plain engine's does: 200 with
+// finish_reason "abort", never a 502.
+TEST(RelayLogicTest, AnAbortOnEitherEngineIsA200WithFinishReasonAbort) {
+  {
+    RelayLogic l(false);   // P aborted: its completion, without kv_transfer_params
+    l.PrefillEnded(Response(
+        200, R"({"choices":[{"text":"a","finish_reason":"abort"}],"kv_transfer_params":{"x":1}})"));
+    EXPECT_EQ(l.outcome(), Outcome::kAborted);
+    EXPECT_TRUE(l.cancel_decode());
+    const ClientReply r = l.Reply();
+    EXPECT_EQ(r.status, 200);
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "abort");
+    EXPECT_TRUE(j["kv_transfer_params"].is_null());
+  }
+  {
+    RelayLogic l(true);    // P aborted, streamed: one chunk, then [DONE]
+    l.PrefillEnded(Response(200, R"({"choices":[{"finish_reason":"abort"}],"usage":{}})"));
+    EXPECT_EQ(l.outcome(), Outcome::kAborted);
+    const ClientReply r = l.Reply();
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.content_type, "text/event-stream");
+    EXPECT_EQ(r.body, "data: {\"choices\":[{\"finish_reason\":\"abort\"}]}\n\ndata: [DONE]\n\n");
+  }
+  {
+    RelayLogic l(false);   // D aborted: its answer as is
+    l.PrefillEnded(Response(200, kPrefillOk));
+    l.DecodeStatus(200);
+    l.DecodeData(R"({"choices":[{"finish_reason":"abort"}]})");
+    l.DecodeEnded(Response(200, ""));
+    EXPECT_EQ(l.outcome(), Outcome::kAborted);
+    EXPECT_EQ(l.Reply().status, 200);
+    EXPECT_EQ(l.Reply().body, R"({"choices":[{"finish_reason":"abort"}]})");
+  }
 }
 
 // --max-queue-wait-s: no token yet (P's leg still open: P paused or
@@ -147,7 +183,6 @@ TEST(RelayLogicTest, PrefillFailuresOfEveryKind) {
     const char* message_has;
   } cases[] = {
       {Response(503, R"({"error":{"message":"engine not serving"}})"), "HTTP 503: engine not serving"},
-      {Response(200, R"({"choices":[{"finish_reason":"abort"}]})"), "finish_reason abort"},
       {Response(200, R"({"choices":[{"finish_reason":"error"}],"error":"kv lost"})"),
        "finish_reason error: kv lost"},
       {Response(200, "garbage"), "not a completion"},
@@ -205,7 +240,7 @@ TEST(RelayLogicTest, DecodeFailuresCancelPrefill) {
   {
     RelayLogic l(false);
     l.DecodeStatus(200);
-    l.DecodeData(R"({"choices":[{"finish_reason":"abort"}]})");
+    l.DecodeData(R"({"choices":[{"finish_reason":"error"}],"error":"kv lost"})");
     l.DecodeEnded(Response(200, ""));
     EXPECT_EQ(l.outcome(), Outcome::kDecodeFailed);
     EXPECT_TRUE(l.cancel_prefill());
@@ -275,20 +310,39 @@ TEST(RelayLogicTest, PrefillFailureMidStreamEndsWithAnErrorEventThenDone) {
   EXPECT_EQ(tail.substr(end + 2), "data: [DONE]\n\n");
 }
 
-TEST(RelayLogicTest, StreamFinalAbortIsRelayedThenAnError) {
-  RelayLogic l(true);
+// A stream committed at D's first event, which was taken.
+void CommitAtFirstEvent(RelayLogic& l) {
   l.DecodeStatus(200);
   l.DecodeData(Chunk({7}));
+  ASSERT_TRUE(l.ReadyToCommit());   // a stream commits at its first event
   l.Commit();
   bool finished = false, tokens = false;
   (void)l.TakeBody(&finished, &tokens);
+}
+
+TEST(RelayLogicTest, StreamFinalAbortIsRelayedAsIs) {
+  RelayLogic l(true);
+  ASSERT_NO_FATAL_FAILURE(CommitAtFirstEvent(l));
+  bool finished = false, tokens = false;
   l.DecodeData(Final("abort") + "data: [DONE]\n\n");
-  EXPECT_EQ(l.outcome(), Outcome::kDecodeFailed);
+  EXPECT_EQ(l.outcome(), Outcome::kAborted);
   EXPECT_TRUE(l.cancel_prefill());
   const std::string tail = l.TakeBody(&finished, &tokens);
   EXPECT_TRUE(finished);
-  EXPECT_EQ(tail.rfind(Final("abort"), 0), 0u);
-  EXPECT_NE(tail.find("decode failed: finish_reason abort"), std::string::npos);
+  EXPECT_EQ(tail, Final("abort") + "data: [DONE]\n\n");
+}
+
+// D's error event (its request failed mid-stream) is a decode failure in
+// the router's words, then the end.
+TEST(RelayLogicTest, StreamErrorEventIsADecodeFailure) {
+  RelayLogic l(true);
+  ASSERT_NO_FATAL_FAILURE(CommitAtFirstEvent(l));
+  bool finished = false, tokens = false;
+  l.DecodeData("data: {\"error\":{\"message\":\"kv lost\",\"code\":503}}\n\ndata: [DONE]\n\n");
+  EXPECT_EQ(l.outcome(), Outcome::kDecodeFailed);
+  const std::string tail = l.TakeBody(&finished, &tokens);
+  EXPECT_TRUE(finished);
+  EXPECT_NE(tail.find("decode failed: kv lost"), std::string::npos) << tail;
   EXPECT_EQ(tail.substr(tail.size() - 14), "data: [DONE]\n\n");
 }
 

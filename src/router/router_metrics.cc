@@ -1,14 +1,15 @@
 #include "router/router_metrics.h"
 
 #include "base/check.h"
+#include "server/http_metrics.h"
 
 namespace kvrelay::router {
 
 RouterMetrics::RouterMetrics(std::shared_ptr<EnginePool> pool,
                              const std::atomic<int64_t>* inflight) {
-  for (Outcome o : {Outcome::kOk, Outcome::kClientDisconnect, Outcome::kPrefillFailed,
-                    Outcome::kDecodeFailed, Outcome::kBadRequest, Outcome::kRejected,
-                    Outcome::kShutdown, Outcome::kQueueWaitExpired}) {
+  // Every outcome but kPending, in the enum's order.
+  for (size_t i = 1; i < kOutcomeCount; ++i) {
+    const Outcome o = static_cast<Outcome>(i);
     by_outcome_[static_cast<size_t>(o)] = registry_.AddCounter(
         "kvrelay_router_requests_total", "Client requests by how they ended.",
         {{"outcome", std::string(OutcomeName(o))}});
@@ -31,7 +32,12 @@ RouterMetrics::RouterMetrics(std::shared_ptr<EnginePool> pool,
         "kvrelay_router_leg_connection_failures_total",
         "Legs whose connection to the engine failed or broke.", {{"url", pool->url(i)}}));
   }
-  for (const char* limit : {"body_bytes", "requests_per_client", "inflight"}) {
+  // Bodies over the limit are refused by the HTTP server, for every framing.
+  registry_.AddCounterFn("kvrelay_router_limit_rejections_total",
+                         "Client requests refused for a configured limit, by limit.",
+                         {{"limit", "body_bytes"}},
+                         [this] { return http_stats_ ? http_stats_().refused_body_bytes : 0; });
+  for (const char* limit : {"requests_per_client", "inflight"}) {
     limit_rejections_[limit] = registry_.AddCounter(
         "kvrelay_router_limit_rejections_total",
         "Client requests refused for a configured limit, by limit.", {{"limit", limit}});
@@ -42,6 +48,7 @@ RouterMetrics::RouterMetrics(std::shared_ptr<EnginePool> pool,
   ttft_ = registry_.AddHistogram("kvrelay_router_time_to_first_token_seconds",
                                  "Arrival to the first token written to the client, streams.",
                                  server::DefaultLatencyBucketsSeconds());
+  server::RegisterHttpMetrics(registry_, &http_stats_);
 }
 
 void RouterMetrics::RequestFinished(Outcome outcome, double seconds) {

@@ -27,6 +27,7 @@
 
 #include "router/engine_pool.h"
 #include "router/relay_logic.h"
+#include "http/http_server.h"
 #include "server/metrics.h"
 
 namespace kvrelay::router {
@@ -37,12 +38,16 @@ class RouterMetrics {
 
   void RequestFinished(Outcome outcome, double seconds);
   void FirstToken(double seconds);
-  // One of "body_bytes", "requests_per_client", "inflight".
+  // One of "requests_per_client", "inflight" (body_bytes is the HTTP
+  // server's count).
   void LimitRejected(std::string_view limit);
   void LegConnectionFailure(size_t engine_index);
   std::string Render() const { return registry_.Render(); }
+  // Where the kvrelay_http_* metrics come from (set before serving).
+  void SetHttpStats(std::function<http::ServerStats()> fn) { http_stats_ = std::move(fn); }
 
  private:
+  std::function<http::ServerStats()> http_stats_;
   server::MetricsRegistry registry_;
   std::array<server::Counter*, kOutcomeCount> by_outcome_{};
   std::vector<server::Counter*> connection_failures_;

@@ -17,13 +17,14 @@
 //   GET  /engines         [{"url","role","up","outstanding","kv_info"}].
 //   GET  /metrics         Prometheus text (router_metrics.h).
 //
-// Threads: the HTTP server's pool (GrowingThreadPool, up to http_threads);
-// two threads per request for the legs (LegThreads); the pool's monitor.
+// Threads: the HTTP server's I/O threads and workers (http/http_server.h);
+// leg_threads for every leg's call (http::ClientContext): no thread waits
+// for a leg; the pool's monitor; a sweep that fails relays past
+// --max-queue-wait-s.
 // Stop(): refuse new requests (503), cancel every relay (its client gets
-// "the router is shutting down" as its whole reply, or as the last event or
-// body of a response already begun), wait (bounded) for those responses to
-// end, close the listener and wait for the HTTP workers, then wait
-// (bounded) for the legs' threads.
+// "the router is shutting down" as its whole reply, or as the last event of
+// a stream already begun), wait (bounded) for those responses to end, stop
+// the HTTP server, then the legs' threads.
 //
 // Ownership: owns the listener and the monitor thread; shares the pool.
 #pragma once
@@ -34,22 +35,22 @@
 
 #include "base/result.h"
 #include "base/time.h"
+#include "http/http_server.h"
 #include "router/engine_pool.h"
 #include "router/relay.h"
 
 namespace kvrelay::router {
 
 struct RouterOptions {
-  std::string host = "127.0.0.1";
-  uint16_t port = 8000;                    // 0: any free port
   uint32_t max_inflight = 4096;            // client requests at once
-  size_t max_body_bytes = size_t{1} << 20;
   uint32_t max_requests_per_client = 1024;  // per remote address, 429 past it; 0: no limit
-  uint32_t http_threads = 0;               // 0: max_inflight + 64
+  // The HTTP server (http/http_server.h): address (port 0: any free
+  // port), threads and limits (limits.max_body_bytes: larger bodies get
+  // 413); its error_body is the router's own.
+  http::ServerOptions http;
+  // The threads the legs' calls run on: no thread waits for a leg.
+  uint32_t leg_threads = 2;
   RelayOptions relay;
-  // How long a response's status is held back waiting for P to answer, so
-  // an early failure is still a clean 502 (or the engine's 4xx).
-  Duration commit_wait = Duration::Seconds(1);
   Duration recheck_interval = Duration::Seconds(1);
   Duration drain_timeout = Duration::Seconds(5);
 };
@@ -62,6 +63,7 @@ class RouterServer {
   ~RouterServer();
   void Stop();
   uint16_t port() const;
+  http::ServerStats HttpStats() const;
 
  private:
   struct Impl;

@@ -1,14 +1,16 @@
 // request_stream.h — RequestStream: one request's output, handed from the
 // engine actor to the HTTP thread serving that client.
 //
-// The engine thread appends tokens and finally a finish; the HTTP thread
-// waits for news and reads what arrived since its cursor. Bounded by the
-// request's max_tokens (the engine never emits more).
+// The engine thread appends tokens and finally a finish; the reader is told
+// by its listener (or waits) and reads what arrived since its cursor.
+// Bounded by the request's max_tokens (the engine never emits more).
 //
-// Thread safety: Push/Finish from the engine thread; Wait from one reader.
+// Thread safety: Push/Finish from the engine thread; Wait from one reader at
+// a time; SetListener from any thread.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,16 +25,38 @@ class RequestStream {
   uint64_t client() const { return client_; }
 
   void Push(const engine::TokenOut& t) EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    tokens_.push_back(t);
-    cv_.NotifyAll();
+    std::function<void()> listener;
+    {
+      MutexLock lock(&mu_);
+      tokens_.push_back(t);
+      cv_.NotifyAll();
+      listener = listener_;
+    }
+    if (listener) listener();
   }
   void Finish(engine::FinishReason reason, std::string error) EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    done_ = true;
-    reason_ = reason;
-    error_ = std::move(error);
-    cv_.NotifyAll();
+    std::function<void()> listener;
+    {
+      MutexLock lock(&mu_);
+      done_ = true;
+      reason_ = reason;
+      error_ = std::move(error);
+      cv_.NotifyAll();
+      listener = listener_;
+    }
+    if (listener) listener();
+  }
+
+  // `fn` runs after every Push and the Finish, on the pushing thread (the
+  // engine's): it must only hand off (post), never block. Runs once at once
+  // so nothing pushed before it was set is missed. An empty fn clears it
+  // (which breaks a reference cycle through the listener's captures).
+  void SetListener(std::function<void()> fn) EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      listener_ = fn;
+    }
+    if (fn) fn();
   }
 
   // Waits up to `timeout` for tokens past `*cursor` or the finish; appends
@@ -63,6 +87,7 @@ class RequestStream {
   bool done_ GUARDED_BY(mu_) = false;
   engine::FinishReason reason_ GUARDED_BY(mu_) = engine::FinishReason::kLength;
   std::string error_ GUARDED_BY(mu_);
+  std::function<void()> listener_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvrelay::runtime

@@ -71,8 +71,8 @@ Result<AdminCall> ParseAdminCall(std::string_view path,
                                  const std::map<std::string, std::string>& query,
                                  std::string_view body);
 
-// The query parameters as the HTTP layer hands them over (httplib's
-// Params: a key may come more than once), checked and flattened: a repeated
+// The query parameters as the HTTP layer hands them over
+// (http::Request::query: a key may come more than once), checked and flattened: a repeated
 // parameter is refused (kInvalidArgument naming it), so "mode=wait&mode=abort"
 // is never read as either. Then ParseAdminCall. The handler and
 // fuzz/admin_call_fuzz.cc call this.

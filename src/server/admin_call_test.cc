@@ -259,7 +259,7 @@ TEST(AdminCallTest, LongValuesInMessagesAreCut) {
   EXPECT_LT(r.status().message().size(), 120u);
 }
 
-// Parameters as httplib hands them over: a key given twice is refused,
+// Parameters as the HTTP layer hands them over: a key given twice is refused,
 // never read as the first or the last.
 TEST(AdminRequestTest, RepeatedQueryParametersAreRefused) {
   const std::multimap<std::string, std::string> twice = {{"mode", "wait"}, {"mode", "abort"}};

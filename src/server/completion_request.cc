@@ -231,7 +231,8 @@ Status CheckIgnoredFields(const json& doc) {
   if (const json* v = Field(doc, "user"); v != nullptr && !v->is_string()) {
     return TypeError("user", "a string", *v);
   }
-  if (const json* v = Field(doc, "stream_options"); v != nullptr && !v->is_object()) {
+  if (const json* v = Field(doc, "stream_options"); v != nullptr && !v->is_object() &&
+                                                     !v->is_null()) {
     return TypeError("stream_options", "an object", *v);
   }
   if (const json* v = Field(doc, "stop")) {
@@ -338,6 +339,12 @@ Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest
   if (const json* s = Field(doc, "stream")) {
     if (!s->is_boolean()) return TypeError("stream", "a boolean", *s);
     req->stream = s->get<bool>();
+  }
+  if (const json* so = Field(doc, "stream_options"); so != nullptr && so->is_object()) {
+    if (const json* u = Field(*so, "include_usage")) {
+      if (!u->is_boolean()) return TypeError("stream_options.include_usage", "a boolean", *u);
+      req->include_usage = u->get<bool>();
+    }
   }
   if (const json* r = Field(doc, "request_id")) {
     if (!r->is_string()) return TypeError("request_id", "a string", *r);

@@ -52,6 +52,8 @@ struct CompletionRequest {
   std::vector<engine::Token> prompt;  // non-empty; every id < vocab
   uint32_t max_tokens = kDefaultMaxTokens;  // >= 1; prompt + max_tokens <= context
   bool stream = false;
+  // stream_options.include_usage: a stream ends with a usage chunk.
+  bool include_usage = false;
   // True iff kv_transfer_params asked for a transfer (do_remote_decode or
   // do_remote_prefill); then `kv` holds it (prompt_hash left 0: the engine
   // computes it).

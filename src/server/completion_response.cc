@@ -85,6 +85,16 @@ std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t
   return Dump(j);
 }
 
+std::string StreamUsageJson(std::string_view id, std::string_view model, int64_t created_s,
+                            uint32_t prompt_tokens, uint64_t completion_tokens) {
+  Json j = Head(id, model, created_s);
+  j["choices"] = Json::array();
+  j["usage"] = {{"prompt_tokens", prompt_tokens},
+                {"completion_tokens", completion_tokens},
+                {"total_tokens", prompt_tokens + completion_tokens}};
+  return Dump(j);
+}
+
 std::string SseEvent(std::string_view json) {
   std::string out;
   out.reserve(json.size() + 8);
@@ -104,6 +114,10 @@ std::string ErrorJson(std::string_view message, std::string_view type, int code)
   Json j;
   j["error"] = std::move(e);
   return Dump(j);
+}
+
+std::string ErrorBodyFor(int status, const std::string& message, const std::string& type) {
+  return ErrorJson(message, type, status);
 }
 
 std::string ModelsJson(std::string_view model, int64_t created_s, uint32_t max_context) {

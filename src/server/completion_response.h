@@ -64,6 +64,11 @@ std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t
                             std::span<const uint64_t> weights_versions,
                             std::optional<engine::FinishReason> finish_reason);
 
+// The chunk after the last choice chunk when the request set
+// stream_options.include_usage (OpenAI's shape): "choices": [] and usage.
+std::string StreamUsageJson(std::string_view id, std::string_view model, int64_t created_s,
+                            uint32_t prompt_tokens, uint64_t completion_tokens);
+
 // "data: <json>\n\n" — one server-sent event.
 std::string SseEvent(std::string_view json);
 // "data: [DONE]\n\n" — the end of a stream.
@@ -71,6 +76,9 @@ std::string SseDone();
 
 // {"error":{"message","type","code"}} (OpenAI's error shape).
 std::string ErrorJson(std::string_view message, std::string_view type, int code);
+// The same, in the HTTP server's error_body form (http_server.h), so the
+// errors the server answers itself look like every other.
+std::string ErrorBodyFor(int status, const std::string& message, const std::string& type);
 
 // GET /v1/models: {"object":"list","data":[{"id","object":"model","created",
 // "owned_by":"kvrelay","max_model_len"}]}.

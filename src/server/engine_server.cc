@@ -1,12 +1,11 @@
 #include "server/engine_server.h"
 
-#include <httplib.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "base/mutex.h"
+#include "http/http_server.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "runtime/thread_priority.h"
@@ -15,7 +14,6 @@
 #include "server/completion_request.h"
 #include "server/client_slots.h"
 #include "server/completion_response.h"
-#include "server/http_listen.h"
 #include "server/open_requests.h"
 #include "server/refused_handoff.h"
 #include "server/server_metrics.h"
@@ -60,28 +58,38 @@ const char* StateName(engine::EngineState s) {
   return "?";
 }
 
-void SendError(httplib::Response& res, int code, const std::string& message,
+void SendError(http::Exchange& ex, int code, const std::string& message,
                const char* type = "invalid_request_error") {
-  res.status = code;
-  res.set_content(ErrorJson(message, type, code), "application/json");
+  ex.Respond(code, "application/json", ErrorJson(message, type, code));
 }
 
-// One running completion, shared by the content provider and its releaser.
+void SendJson(http::Exchange& ex, std::string body, int code = 200) {
+  ex.Respond(code, "application/json", std::move(body));
+}
+
+// One running completion: its output stream, the client's exchange, and
+// what has been sent. The stream's listener and the exchange's client-gone
+// callback both lead to it; `mu` serializes its pumps.
 struct Pending {
   std::shared_ptr<runtime::RequestStream> stream;
+  std::shared_ptr<http::Exchange> exchange;
   uint64_t client = 0;
   std::string id;
+  std::string model;
+  int64_t created_s = 0;
   uint32_t prompt_tokens = 0;
   bool stream_mode = false;
+  bool include_usage = false;
   std::optional<KvTransferOut> kv_out;
-  size_t cursor = 0;
-  std::vector<engine::Token> tokens;
-  std::vector<uint64_t> versions;
-  runtime::RequestStream* raw() { return stream.get(); }
-  std::atomic<bool> finished{false};
   Instant started;
-  bool first_token_seen = false;
-  std::optional<ClientSlots::Lease> slot;   // freed when the response is done
+  std::atomic<bool> pump_posted{false};
+  Mutex mu;
+  size_t cursor GUARDED_BY(mu) = 0;
+  std::vector<engine::Token> tokens GUARDED_BY(mu);
+  std::vector<uint64_t> versions GUARDED_BY(mu);
+  bool stream_started GUARDED_BY(mu) = false;
+  bool finished GUARDED_BY(mu) = false;   // answered, or the client left
+  std::optional<ClientSlots::Lease> slot GUARDED_BY(mu);   // freed when finished
 };
 
 // Starts `call` on the engine (engine thread); `clients` are the engine ids
@@ -121,23 +129,27 @@ struct EngineServer::Impl {
   ServerOptions options;
   std::unique_ptr<runtime::Node> node;
   ServerMetrics metrics;
-  httplib::Server http;
-  std::thread http_thread;
+  std::unique_ptr<http::HttpServer> http;
   ParseLimits limits;
   std::unique_ptr<ClientSlots> client_slots;
   int64_t created_s = runtime::WallSeconds();
-  std::atomic<int> bound_port{0};
   std::atomic<bool> stopping{false};
   Mutex stop_mu;
   CondVar stop_cv;
   bool stopped GUARDED_BY(stop_mu) = false;
 
   void Routes();
-  void Completions(const httplib::Request& req, httplib::Response& res);
-  void Admin(const httplib::Request& req, httplib::Response& res);
-  // With a token set: false (and a 401 in `res`) unless the request proves
-  // it (admin_auth.h). Admin calls and /debug/* go through it.
-  bool Authorized(const httplib::Request& req, httplib::Response& res);
+  void Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex);
+  // Moves a running completion on: what its stream has that the client has
+  // not (on an HTTP I/O thread, posted by the stream's listener).
+  void Pump(const std::shared_ptr<Pending>& p);
+  // Ends `p` once (answered, or the client left); true if this call did.
+  bool Finish(Pending& p) REQUIRES(p.mu);
+  void ClientLeft(const std::shared_ptr<Pending>& p);
+  void Admin(const http::Request& req, http::Exchange& ex);
+  // With a token set: false (and a 401 sent) unless the request proves it
+  // (admin_auth.h). Admin calls and /debug/* go through it.
+  bool Authorized(const http::Request& req, http::Exchange& ex);
   std::unique_ptr<AdminAuth> auth;
   void ReleaseRefused(const std::string& body, const CompletionRequest* parsed);
   void FastAbort(const std::vector<TransferId>& transfers);
@@ -153,7 +165,7 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   if (impl->options.model_name.empty()) {
     impl->options.model_name = "kvrelay-" + options.node.engine.shape.name;
   }
-  impl->limits = ParseLimitsFor(options.node.engine.shape, options.max_body_bytes);
+  impl->limits = ParseLimitsFor(options.node.engine.shape, options.http.limits.max_body_bytes);
   impl->limits.model_name = impl->options.model_name;
   if (options.max_prompt_tokens != 0) {
     impl->limits.max_prompt_tokens =
@@ -165,31 +177,21 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   Result<std::unique_ptr<runtime::Node>> node = runtime::Node::Start(node_options);
   if (!node.ok()) return node.status();
   impl->node = std::move(*node);
-  impl->Routes();
-  const uint32_t threads = options.http_threads;
-  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  impl->http.set_payload_max_length(options.max_body_bytes);
-  impl->http.set_keep_alive_max_count(1000);
-  // Nagle off: httplib sends a head and a body (a response's chunks) in
-  // separate send()s, and with Nagle on the second waits for the peer's
-  // delayed ACK — 40 ms on Linux (docs/performance.md).
-  impl->http.set_tcp_nodelay(true);
-  const int port = BindWithBacklog(impl->http, options.http_host, options.http_port);
-  if (port <= 0) {
-    impl->node->Shutdown(Duration::Zero());
-    return Status(StatusCode::kUnavailable, "cannot listen on " + options.http_host + ":" +
-                                                std::to_string(options.http_port));
-  }
-  impl->bound_port = port;
-  Impl* raw = impl.get();
+  http::ServerOptions ho = options.http;
   const int slice_us = options.node.control_slice_us;
-  impl->http_thread = std::thread([raw, slice_us] {
-    // httplib starts its worker threads here, and they inherit the slice:
-    // an abort or a lifecycle call is taken up without waiting for a core.
-    // (Node::Start logged it if the kernel keeps no per-thread slice.)
-    if (slice_us != 0) (void)runtime::SetThisThreadSliceUs(slice_us);
-    raw->http.listen_after_bind();
-  });
+  // The I/O threads and workers take up an abort or a lifecycle call
+  // without waiting for a core (Node::Start logged it if the kernel keeps
+  // no per-thread slice).
+  if (slice_us != 0) ho.on_thread_start = [slice_us] { (void)runtime::SetThisThreadSliceUs(slice_us); };
+  ho.error_body = ErrorBodyFor;
+  impl->http = std::make_unique<http::HttpServer>(std::move(ho));
+  Impl* raw = impl.get();
+  impl->metrics.SetHttpStats([raw] { return raw->http->Stats(); });
+  impl->Routes();
+  if (Status s = impl->http->Start(); !s.ok()) {
+    impl->node->Shutdown(Duration::Zero());
+    return s;
+  }
   return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
 }
 
@@ -197,7 +199,9 @@ EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 EngineServer::~EngineServer() { Stop(); }
 
-uint16_t EngineServer::port() const { return static_cast<uint16_t>(impl_->bound_port.load()); }
+uint16_t EngineServer::port() const { return impl_->http->port(); }
+
+http::ServerStats EngineServer::HttpStats() const { return impl_->http->Stats(); }
 
 void EngineServer::Wait() {
   Impl& impl = *impl_;
@@ -214,76 +218,73 @@ void EngineServer::Stop() {
   }
   impl_->stopping = true;
   // Drain first so open streams finish (aborted) and P answers its pulls;
-  // then stop the listener, which waits for handlers to return.
+  // then stop the listener, which closes what is left.
   impl_->node->Shutdown(Duration::Seconds(5));
-  impl_->http.stop();
-  if (impl_->http_thread.joinable()) impl_->http_thread.join();
+  impl_->http->Stop();
   impl_->stop_cv.NotifyAll();
 }
 
 // --- routes ------------------------------------------------------------------
 
 void EngineServer::Impl::Routes() {
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Completions(req, res);
+  using http::Run;
+  using Ex = std::shared_ptr<http::Exchange>;
+  http->Route("POST", "/v1/completions", Run::kWorker,
+              [this](http::Request req, Ex ex) { Completions(std::move(req), ex); });
+  http->Route("GET", "/v1/models", Run::kInline, [this](http::Request, Ex ex) {
+    SendJson(*ex, ModelsJson(options.model_name, created_s, limits.max_context));
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(ModelsJson(options.model_name, created_s, limits.max_context),
-                    "application/json");
-  });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/health", Run::kWorker, [this](http::Request, Ex ex) {
     auto alive = engine().Query([](const engine::Engine&) { return true; });
     if (alive) {
-      res.set_content(R"({"status":"ok"})", "application/json");
+      SendJson(*ex, R"({"status":"ok"})");
     } else {
-      SendError(res, 503, "engine stopped", "server_error");
+      SendError(*ex, 503, "engine stopped", "server_error");
     }
   });
-  http.Get("/kv_info", [this](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/kv_info", Run::kInline, [this](http::Request, Ex ex) {
     const engine::EngineOptions& eo = options.node.engine;
-    res.set_content(json{{"engine_id", eo.engine_id},
-                         {"incarnation", eo.incarnation},
-                         {"role", RoleName(eo.role)},
-                         {"tp", eo.tp},
-                         {"kv_host", options.node.advertise_host},
-                         {"kv_port", options.node.ctrl_port},
-                         {"transport", net::TransportName(options.node.transport)},
-                         {"kv_mode", KvModeName(options.node.kv_mode)},
-                         {"model", options.model_name},
-                         {"model_shape", eo.shape.name},
-                         {"max_context", eo.shape.max_context}}
-                        .dump(),
-                    "application/json");
+    SendJson(*ex, json{{"engine_id", eo.engine_id},
+                       {"incarnation", eo.incarnation},
+                       {"role", RoleName(eo.role)},
+                       {"tp", eo.tp},
+                       {"kv_host", options.node.advertise_host},
+                       {"kv_port", options.node.ctrl_port},
+                       {"transport", net::TransportName(options.node.transport)},
+                       {"kv_mode", KvModeName(options.node.kv_mode)},
+                       {"model", options.model_name},
+                       {"model_shape", eo.shape.name},
+                       {"max_context", eo.shape.max_context}}
+                      .dump());
   });
-  http.Get("/is_sleeping", [this](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/is_sleeping", Run::kWorker, [this](http::Request, Ex ex) {
     auto s = engine().Query([](const engine::Engine& e) { return e.IsSleeping(); });
-    if (!s) return SendError(res, 503, "engine stopped", "server_error");
-    res.set_content(json{{"is_sleeping", *s}}.dump(), "application/json");
+    if (!s) return SendError(*ex, 503, "engine stopped", "server_error");
+    SendJson(*ex, json{{"is_sleeping", *s}}.dump());
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Metrics(), "text/plain; version=0.0.4");
+  http->Route("GET", "/metrics", Run::kWorker, [this](http::Request, Ex ex) {
+    ex->Respond(200, "text/plain; version=0.0.4", Metrics());
   });
-  http.Get("/auth/nonce", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"nonce", auth->IssueNonce()},
-                         {"expires_in_s", auth->ttl().seconds()},
-                         {"auth_required", auth->enabled()}}
-                        .dump(),
-                    "application/json");
+  http->Route("GET", "/auth/nonce", Run::kInline, [this](http::Request, Ex ex) {
+    SendJson(*ex, json{{"nonce", auth->IssueNonce()},
+                       {"expires_in_s", auth->ttl().seconds()},
+                       {"auth_required", auth->enabled()}}
+                      .dump());
   });
-  http.Get("/debug/state", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res)) return;
-    res.set_content(DebugState().dump(2), "application/json");
+  http->Route("GET", "/debug/state", Run::kWorker, [this](http::Request req, Ex ex) {
+    if (!Authorized(req, *ex)) return;
+    SendJson(*ex, DebugState().dump(2));
   });
-  http.Get("/debug/pulls", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res)) return;
+  http->Route("GET", "/debug/pulls", Run::kWorker, [this](http::Request req, Ex ex) {
+    if (!Authorized(req, *ex)) return;
     uint64_t after = 0;
-    if (req.has_param("after")) {
-      const std::string v = req.get_param_value("after");
+    if (req.HasQuery("after")) {
+      const std::string v = req.QueryValue("after");
       char* end = nullptr;
       errno = 0;
       after = std::strtoull(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || errno != 0 || v[0] == '-') {
-        return SendError(res, 400, "after must be a sample number (got '" + v + "')",
+        return SendError(*ex, 400, "after must be a sample number (got '" + v + "')",
                          "invalid_request_error");
       }
     }
@@ -297,36 +298,22 @@ void EngineServer::Impl::Routes() {
                          {"result", std::string(TransferResultName(p.result))},
                          {"answered_mono_ns", p.answered_mono_ns}});
     }
-    res.set_content(json{{"last_seq", metrics.pull_log().last_seq()}, {"samples", samples}}.dump(),
-                    "application/json");
+    SendJson(*ex, json{{"last_seq", metrics.pull_log().last_seq()}, {"samples", samples}}.dump());
   });
-  for (const char* path : {"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache",
-                           "/release_kv_cache_memory", "/abort_requests", "/update_weights"}) {
-    http.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
-      Admin(req, res);
-    });
+  for (std::string_view path : AdminPaths()) {
+    http->Route("POST", std::string(path), Run::kWorker,
+                [this](http::Request req, Ex ex) { Admin(req, *ex); });
   }
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) metrics.LimitRejected("body_bytes");  // httplib refused the body
-    std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                        : "request failed";
-    if (res.status == 413) {
-      msg = "request body is longer than the limit of " + std::to_string(options.max_body_bytes) +
-            " bytes (--max-body-bytes)";
-    }
-    res.set_content(ErrorJson(msg, "invalid_request_error", res.status), "application/json");
-  });
 }
 
-void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Response& res) {
+void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex) {
   metrics.http_requests->Inc();
-  if (stopping.load()) return SendError(res, 503, "server is shutting down", "server_error");
+  if (stopping.load()) return SendError(*ex, 503, "server is shutting down", "server_error");
   std::optional<ClientSlots::Lease> slot = client_slots->Acquire(req.remote_addr);
   if (!slot) {
     metrics.LimitRejected("requests_per_client");
     ReleaseRefused(req.body, nullptr);
-    return SendError(res, 429,
+    return SendError(*ex, 429,
                      "too many requests at once from " + req.remote_addr + ": the limit is " +
                          std::to_string(client_slots->max_per_client()) +
                          " per client (--max-requests-per-client)",
@@ -339,7 +326,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
       metrics.LimitRejected(limit);
     }
     ReleaseRefused(req.body, nullptr);
-    return SendError(res, HttpStatusForParseError(parsed.status()), parsed.status().message());
+    return SendError(*ex, HttpStatusForParseError(parsed.status()), parsed.status().message());
   }
   CompletionRequest cr = std::move(*parsed);
   const engine::EngineOptions& eo = options.node.engine;
@@ -349,7 +336,7 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
                                      cr.kv.remote_tp);
     if (!s.ok()) {
       metrics.requests_rejected->Inc();
-      return SendError(res, 503, s.message(), "server_error");
+      return SendError(*ex, 503, s.message(), "server_error");
     }
   }
   engine::RequestSpec spec;
@@ -358,15 +345,22 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
   spec.max_tokens = cr.max_tokens;
   if (cr.has_kv) spec.kv = cr.kv;
   auto p = std::make_shared<Pending>();
+  p->exchange = ex;
   p->client = spec.client;
   p->id = cr.request_id.empty() ? "cmpl-" + std::to_string(eo.engine_id) + "-" +
                                       std::to_string(eo.incarnation) + "-" +
                                       std::to_string(spec.client)
                                 : cr.request_id;
+  p->model = options.model_name;
+  p->created_s = runtime::WallSeconds();
   p->prompt_tokens = static_cast<uint32_t>(cr.prompt.size());
   p->stream_mode = cr.stream;
+  p->include_usage = cr.stream && cr.include_usage;
   p->started = runtime::MonoNow();
-  p->slot = std::move(slot);
+  {
+    MutexLock lock(&p->mu);
+    p->slot = std::move(slot);
+  }
   if (cr.has_kv && cr.kv.do_remote_decode) {
     p->kv_out = KvTransferOut{cr.kv.transfer, eo.engine_id, options.node.advertise_host,
                               options.node.ctrl_port, eo.tp};
@@ -384,89 +378,125 @@ void EngineServer::Impl::Completions(const httplib::Request& req, httplib::Respo
     metrics.requests_rejected->Inc();
     // A duplicate transfer_id belongs to a live load here: leave P alone.
     if (stream.status().code() != StatusCode::kAlreadyExists) ReleaseRefused(req.body, &cr);
-    return SendError(res, HttpStatusFor(stream.status()), stream.status().message(),
-                     HttpStatusFor(stream.status()) >= 500 ? "server_error"
-                                                           : "invalid_request_error");
+    const int code = HttpStatusFor(stream.status());
+    return SendError(*ex, code, stream.status().message(),
+                     code >= 500 ? "server_error" : "invalid_request_error");
   }
   p->stream = std::move(*stream);
   metrics.requests_started->Inc();
-  const auto probe = options.disconnect_probe;
-  const std::string model = options.model_name;
-  const int64_t created = runtime::WallSeconds();
-  auto finish_metrics = [this, p] {
-    metrics.RequestFinished(p->raw()->reason(), (runtime::MonoNow() - p->started).seconds());
-  };
-  auto provider = [p, probe, model, created, finish_metrics](size_t,
-                                                             httplib::DataSink& sink) -> bool {
-    std::vector<engine::TokenOut> got;
-    const bool done = p->raw()->Wait(&p->cursor, &got, probe);
-    std::vector<engine::Token> toks;
-    std::vector<uint64_t> vers;
-    for (const auto& t : got) {
-      toks.push_back(t.token);
-      vers.push_back(t.weights_version);
+  std::weak_ptr<Pending> weak = p;
+  ex->OnClientGone([this, weak] {
+    if (std::shared_ptr<Pending> q = weak.lock()) ClientLeft(q);
+  });
+  // The listener runs on the engine thread: it only posts a pump (once
+  // until that pump starts). It holds `p` until the pump that finishes it
+  // clears the listener.
+  p->stream->SetListener([this, p] {
+    if (!p->pump_posted.exchange(true, std::memory_order_acq_rel)) {
+      http->Post([this, p] {
+        p->pump_posted.store(false, std::memory_order_release);
+        Pump(p);
+      });
     }
-    p->tokens.insert(p->tokens.end(), toks.begin(), toks.end());
-    p->versions.insert(p->versions.end(), vers.begin(), vers.end());
-    auto result = [&] {
+  });
+}
+
+bool EngineServer::Impl::Finish(Pending& p) {
+  if (p.finished) return false;
+  p.finished = true;
+  p.slot.reset();
+  return true;
+}
+
+void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
+  MutexLock lock(&p->mu);
+  if (p->finished) {
+    p->stream->SetListener(nullptr);
+    return;
+  }
+  std::vector<engine::TokenOut> got;
+  const bool done = p->stream->Wait(&p->cursor, &got, std::chrono::milliseconds(0));
+  std::vector<engine::Token> toks;
+  std::vector<uint64_t> vers;
+  for (const auto& t : got) {
+    toks.push_back(t.token);
+    vers.push_back(t.weights_version);
+  }
+  p->tokens.insert(p->tokens.end(), toks.begin(), toks.end());
+  p->versions.insert(p->versions.end(), vers.begin(), vers.end());
+  const engine::FinishReason reason = done ? p->stream->reason() : engine::FinishReason::kLength;
+  const std::string error = done ? p->stream->error() : std::string();
+  // A request that failed before its first byte was sent gets an error
+  // status; later, a stream's error is an error event (as vLLM's).
+  const bool failed = done && reason == engine::FinishReason::kError;
+  http::Exchange& ex = *p->exchange;
+  if (p->stream_mode) {
+    if (failed && !p->stream_started && p->tokens.empty()) {
+      SendError(ex, 503, error, "server_error");
+    } else {
+      std::string out;
+      if (!p->stream_started) {
+        ex.StartStream(200, "text/event-stream", ": keep-alive\n\n");
+        p->stream_started = true;
+      }
+      if (failed) {
+        if (!toks.empty()) {
+          out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, std::nullopt));
+        }
+        out += SseEvent(ErrorJson(error, "server_error", 503));
+      } else if (done || !toks.empty()) {
+        std::optional<engine::FinishReason> finish;
+        if (done) finish = reason;
+        out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish));
+      }
+      if (done && p->include_usage) {
+        out += SseEvent(StreamUsageJson(p->id, p->model, p->created_s, p->prompt_tokens,
+                                        p->tokens.size()));
+      }
+      if (done) out += SseDone();
+      ex.Write(std::move(out));
+      if (done) ex.End();
+    }
+  } else if (done) {
+    if (failed) {
+      SendError(ex, 503, error, "server_error");
+    } else {
       CompletionResult r;
       r.id = p->id;
-      r.model = model;
-      r.created_s = created;
+      r.model = p->model;
+      r.created_s = p->created_s;
       r.prompt_tokens = p->prompt_tokens;
       r.tokens = p->tokens;
       r.weights_versions = p->versions;
-      r.finish_reason = p->raw()->reason();
-      r.error = p->raw()->error();
+      r.finish_reason = reason;
       r.kv_transfer_params = p->kv_out;
-      return r;
-    };
-    if (p->stream_mode) {
-      std::string out;
-      if (!toks.empty()) {
-        out += SseEvent(StreamChunkJson(p->id, model, created, toks, vers, std::nullopt));
-      }
-      if (done) {
-        // The last event carries the finish and, as vLLM's usage chunk
-        // does, the whole result (usage, kv_transfer_params).
-        out += SseEvent(CompletionJson(result()));
-        out += SseDone();
-      } else if (out.empty()) {
-        out = ": keep-alive\n\n";  // also probes for a client that left
-      }
-      if (!sink.write(out.data(), out.size())) return false;
-    } else if (!done) {
-      // Leading whitespace is valid JSON: it keeps the connection probed.
-      if (!sink.write(" ", 1)) return false;
-    } else {
-      const std::string body = CompletionJson(result());
-      if (!sink.write(body.data(), body.size())) return false;
+      SendJson(ex, CompletionJson(r));
     }
-    if (done) {
-      p->finished = true;
-      finish_metrics();
-      sink.done();
-    }
-    return true;
-  };
-  auto releaser = [this, p](bool) {
-    const std::optional<TransferId> transfer = open_requests.Release(p->id, p->client);
-    if (!p->finished.exchange(true)) {
-      // The client went away before the end: abort its request.
-      metrics.client_disconnects->Inc();
-      metrics.RequestFinished(engine::FinishReason::kAborted,
-                              (runtime::MonoNow() - p->started).seconds());
-      if (transfer) FastAbort({*transfer});
-      engine().Abort(p->client);
-    }
-  };
-  res.set_chunked_content_provider(cr.stream ? "text/event-stream" : "application/json",
-                                   provider, releaser);
+  }
+  if (!done) return;
+  Finish(*p);
+  (void)open_requests.Release(p->id, p->client);
+  metrics.RequestFinished(reason, (runtime::MonoNow() - p->started).seconds());
+  p->stream->SetListener(nullptr);
 }
 
-bool EngineServer::Impl::Authorized(const httplib::Request& req, httplib::Response& res) {
+// The client went away before its answer: abort the request.
+void EngineServer::Impl::ClientLeft(const std::shared_ptr<Pending>& p) {
+  {
+    MutexLock lock(&p->mu);
+    if (!Finish(*p)) return;
+  }
+  const std::optional<TransferId> transfer = open_requests.Release(p->id, p->client);
+  metrics.client_disconnects->Inc();
+  metrics.RequestFinished(engine::FinishReason::kAborted,
+                          (runtime::MonoNow() - p->started).seconds());
+  if (transfer) FastAbort({*transfer});
+  engine().Abort(p->client);
+}
+
+bool EngineServer::Impl::Authorized(const http::Request& req, http::Exchange& ex) {
   const AdminAuthVerdict v =
-      auth->Verify(req.method, req.target, req.body, req.get_header_value("Authorization"));
+      auth->Verify(req.method, req.target, req.body, std::string(req.Header("authorization")));
   if (v == AdminAuthVerdict::kOk) return true;
   metrics.AdminAuthRefused(v);
   static const char* kWhy[kAdminAuthVerdicts] = {
@@ -476,17 +506,17 @@ bool EngineServer::Impl::Authorized(const httplib::Request& req, httplib::Respon
       "the MAC does not check (wrong token, or signed for another request)"};
   Log("admin", "refused %s %s: %s", req.method.c_str(), req.path.c_str(),
       AdminAuthVerdictName(v));
-  SendError(res, 401, kWhy[static_cast<int>(v)], "authentication_error");
+  SendError(ex, 401, kWhy[static_cast<int>(v)], "authentication_error");
   return false;
 }
 
-void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& res) {
+void EngineServer::Impl::Admin(const http::Request& req, http::Exchange& ex) {
   const Instant received = runtime::MonoNow();
-  if (!Authorized(req, res)) return;
-  Result<AdminCall> call = ParseAdminRequest(req.path, req.params, req.body);
+  if (!Authorized(req, ex)) return;
+  Result<AdminCall> call = ParseAdminRequest(req.path, req.query, req.body);
   if (!call.ok()) {
     metrics.bad_requests->Inc();
-    return SendError(res, 400, call.status().message());
+    return SendError(ex, 400, call.status().message());
   }
   const AdminCall c = *call;
   std::vector<uint64_t> clients;
@@ -501,14 +531,14 @@ void EngineServer::Impl::Admin(const httplib::Request& req, httplib::Response& r
   metrics.AdminCall(AdminCallName(c), r.ok, r.latency_s);
   Log("admin", "%s: %s in %.3f s%s%s", req.path.c_str(), r.ok ? "ok" : "failed", r.latency_s,
       r.detail.empty() ? "" : ": ", r.detail.c_str());
-  res.status = r.ok ? 200 : 409;
-  res.set_content(json{{"ok", r.ok},
-                       {"call", AdminCallName(c)},
-                       {"detail", r.detail},
-                       {"latency_s", r.latency_s},
-                       {"received_mono_ns", received.ns()}}
-                      .dump(),
-                  "application/json");
+  SendJson(ex,
+           json{{"ok", r.ok},
+                {"call", AdminCallName(c)},
+                {"detail", r.detail},
+                {"latency_s", r.latency_s},
+                {"received_mono_ns", received.ns()}}
+               .dump(),
+           r.ok ? 200 : 409);
 }
 
 // D refused a hand-off before admitting it (bad body, queue full, ...): P

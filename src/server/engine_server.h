@@ -7,16 +7,22 @@
 // /metrics (Prometheus text) and /debug/state (JSON), over a runtime Node.
 // docs/http.md is the API's reference.
 //
-// Client disconnects: a response is written in chunks while the request
-// runs (SSE events, or JSON's leading whitespace for a non-streaming
-// request) so a client that went away is noticed within one probe period
-// and its request is aborted.
+// Responses: nothing is written before the outcome is known. A non-streamed
+// completion is one response when it ends (200, or 503 with an OpenAI
+// error if it failed); a stream starts at its first token (or ends as a
+// 503 if it fails before one) and ends as OpenAI's does: the last chunk
+// carries finish_reason, then a usage chunk if stream_options.include_usage,
+// then "data: [DONE]". An aborted request ends with finish_reason "abort"
+// (200), as vLLM's. A client that leaves is seen from its socket
+// (http/http_server.h) and its request is aborted.
 //
 // Bad input gets a 4xx with {"error": {...}} saying what is wrong, and
 // nothing is applied.
 //
-// Ownership: owns the Node and the HTTP listener. Threading: handlers run
-// on the HTTP server's pool; Start/Stop from the main thread.
+// Ownership: owns the Node and the HTTP server. Threading: handlers run on
+// the HTTP server's threads; a completion's output is pumped on its I/O
+// threads, posted by the engine's token stream; Start/Stop from the main
+// thread.
 #pragma once
 
 #include <atomic>
@@ -25,23 +31,25 @@
 #include <thread>
 
 #include "base/result.h"
+#include "http/http_server.h"
 #include "runtime/node.h"
 
 namespace kvrelay::server {
 
 struct ServerOptions {
   runtime::NodeOptions node;
-  std::string http_host = "127.0.0.1";
-  uint16_t http_port = 8100;
   std::string model_name;                 // default "kvrelay-<shape>"
-  size_t max_body_bytes = 1u << 20;       // larger bodies get 413
   uint32_t max_prompt_tokens = 0;         // 0: the model's context - 1; longer get 400
   // POST /v1/completions at once per remote address (429 past it); 0: no
   // limit. The default leaves room for a router's max_inflight, both legs.
   uint32_t max_requests_per_client = 8192;
-  uint32_t http_threads = 512;            // concurrent connections served
+  // The HTTP server (http/http_server.h): address, threads and limits
+  // (limits.max_body_bytes: larger bodies get 413). Its I/O threads serve
+  // every connection; workers run the handlers that wait on the engine (a
+  // completion's submit, an admin call up to op_timeout, a scrape). Its
+  // error_body and on_thread_start are the server's own.
+  http::ServerOptions http;
   std::chrono::milliseconds op_timeout{600'000};
-  std::chrono::milliseconds disconnect_probe{200};
   // P: an abort of an open P leg (abort_requests, a client gone) also ends
   // its send straight at the ranks, ahead of the engine (the fast abort).
   bool fast_abort = true;
@@ -56,6 +64,7 @@ class EngineServer {
   // Stops accepting, drains the node (bounded), joins everything.
   void Stop();
   uint16_t port() const;
+  http::ServerStats HttpStats() const;
 
  private:
   struct Impl;

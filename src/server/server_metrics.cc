@@ -2,6 +2,7 @@
 
 #include "base/check.h"
 #include "server/admin_call.h"
+#include "server/http_metrics.h"
 
 namespace kvrelay::server {
 
@@ -76,6 +77,8 @@ ServerMetrics::ServerMetrics() {
   fast_abort_wait_ = r.AddHistogram("kvrelay_fast_abort_wait_seconds",
                                     "P: a fast abort posted by the server to applied on a rank",
                                     TransferBuckets());
+
+  RegisterHttpMetrics(r, &http_stats_);
 
   // State, read from the snapshot Render() takes.
   Snapshot* s = &snap_;
@@ -237,7 +240,10 @@ ServerMetrics::ServerMetrics() {
     counter(c.name, c.help, {}, [s, slot] { return s->counters[slot]; });
   }
   const char* kLimitHelp = "requests and control frames refused for a configured limit, by limit";
-  for (const char* limit : {"body_bytes", "prompt_tokens", "requests_per_client"}) {
+  // Bodies over the limit are refused by the HTTP server, for every framing.
+  r.AddCounterFn("kvrelay_limit_rejections_total", kLimitHelp, {{"limit", "body_bytes"}},
+                 [this] { return http_stats_ ? http_stats_().refused_body_bytes : 0; });
+  for (const char* limit : {"prompt_tokens", "requests_per_client"}) {
     limit_rejections_[limit] =
         r.AddCounter("kvrelay_limit_rejections_total", kLimitHelp, {{"limit", limit}});
   }
@@ -281,6 +287,7 @@ ServerMetrics::ServerMetrics() {
 }
 
 void ServerMetrics::LimitRejected(std::string_view limit) {
+  if (limit == "body_bytes") return;   // the HTTP server refused it, and counts it
   auto it = limit_rejections_.find(limit);
   KV_CHECK_MSG(it != limit_rejections_.end(), "an unregistered limit label");
   it->second->Inc();

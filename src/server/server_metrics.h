@@ -10,6 +10,10 @@
 // Ownership: one per EngineServer. Thread-safe.
 #pragma once
 
+#include <functional>
+
+#include "http/http_server.h"
+
 #include <array>
 #include <map>
 #include <string>
@@ -50,6 +54,9 @@ class ServerMetrics {
   runtime::LatencySink LatencySink();
   const PullLog& pull_log() const { return pull_log_; }
 
+  // Where the kvrelay_http_* metrics come from (set before serving).
+  void SetHttpStats(std::function<http::ServerStats()> fn) { http_stats_ = std::move(fn); }
+
   // The whole exposition, with the node's state read now.
   std::string Render(runtime::Node& node) EXCLUDES(render_mu_);
 
@@ -62,6 +69,7 @@ class ServerMetrics {
     uint64_t access[3] = {};  // auth_failed, refused unauthenticated, refused dst
     uint64_t over_limit[kWireLimitCount] = {};
   };
+  std::function<http::ServerStats()> http_stats_;
   MetricsRegistry registry_;
   std::array<Counter*, 3> finished_{};
   Histogram* request_latency_;

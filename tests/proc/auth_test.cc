@@ -20,7 +20,6 @@
 // The admin MAC is computed here from docs/http.md's formula with base/hmac
 // (not with the server's code), so the doc and the code are checked
 // against each other. Randomness is seeded; the seed is printed.
-#include <httplib.h>
 #include <sys/stat.h>
 #include <zmq.h>
 
@@ -31,6 +30,7 @@
 #include "base/hmac.h"
 #include "base/sha256.h"
 #include "core/wire.h"
+#include "http/http_client.h"
 #include "proc/harness.h"
 
 namespace kvrelay::proctest {
@@ -63,23 +63,21 @@ struct Signed {
 };
 
 std::string Nonce(uint16_t port) {
-  httplib::Client cli("127.0.0.1", port);
-  auto r = cli.Get("/auth/nonce");
-  if (!r || r->status != 200) return "";
+  auto r = http::Get("http://127.0.0.1:" + std::to_string(port), "/auth/nonce");
+  if (!r.ok() || r->status != 200) return "";
   return json::parse(r->body, nullptr, false).value("nonce", "");
 }
 
 // A request with an explicit Authorization header ("" for none).
 Signed Call(uint16_t port, const std::string& method, const std::string& target,
             const std::string& body, const std::string& authorization) {
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(30);
-  httplib::Headers h;
-  if (!authorization.empty()) h.emplace("Authorization", authorization);
-  auto r = method == "GET" ? cli.Get(target.c_str(), h)
-                           : cli.Post(target.c_str(), h, body, "application/json");
+  const http::Client cli("http://127.0.0.1:" + std::to_string(port),
+                         http::ClientOptions::Timeouts(Duration::Seconds(3), Duration::Seconds(30)));
+  http::Headers h;
+  if (!authorization.empty()) h.emplace_back("Authorization", authorization);
+  auto r = method == "GET" ? cli.Get(target, h) : cli.Post(target, body, "application/json", h);
   Signed s;
-  if (!r) return s;
+  if (!r.ok()) return s;
   s.status = r->status;
   s.body = json::parse(r->body, nullptr, false);
   return s;

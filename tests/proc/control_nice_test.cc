@@ -116,7 +116,7 @@ TEST(ControlSliceTest, ControlThreadsAskForTheSliceBulkThreadsDoNot) {
     EngineConfig c;
     c.name = "slice-" + (flag.empty() ? std::string("default") : flag);
     c.role = "prefill";
-    c.extra = {"--num-workers", "3", "--http-threads", "8"};
+    c.extra = {"--num-workers", "3", "--http-workers", "8"};
     if (!flag.empty()) c.extra.insert(c.extra.end(), {"--control-slice-us", flag});
     std::string error;
     std::unique_ptr<Engine> e = Engine::Start(c, &error);
@@ -126,9 +126,13 @@ TEST(ControlSliceTest, ControlThreadsAskForTheSliceBulkThreadsDoNot) {
       ASSERT_TRUE(slice.count(control)) << control;
       EXPECT_EQ(slice.at(control), std::vector<int>{want}) << control;
     }
-    // The HTTP listener and its 8 workers ask for it; main does not.
-    ASSERT_TRUE(slice.count("kvrelay"));
-    EXPECT_EQ(std::count(slice.at("kvrelay").begin(), slice.at("kvrelay").end(), want), 9);
+    // The HTTP server's 2 I/O threads and its 8 workers ask for it; main
+    // does not.
+    ASSERT_TRUE(slice.count("kv-http-io"));
+    EXPECT_EQ(slice.at("kv-http-io"), (std::vector<int>{want, want}));
+    ASSERT_TRUE(slice.count("kv-http-work"));
+    EXPECT_EQ(std::count(slice.at("kv-http-work").begin(), slice.at("kv-http-work").end(), want),
+              8);
     EXPECT_EQ(slice.at("(main)"), std::vector<int>{kernel_default});
     for (const char* bulk : {"kv-engine", "kv-writer"}) {
       ASSERT_TRUE(slice.count(bulk)) << bulk;
@@ -144,7 +148,7 @@ TEST(ControlSliceTest, ZeroLeavesEveryThreadAtTheKernelsSlice) {
   EngineConfig c;
   c.name = "slice-zero";
   c.role = "decode";
-  c.extra = {"--control-slice-us", "0", "--http-threads", "8"};
+  c.extra = {"--control-slice-us", "0", "--http-workers", "8"};
   std::string error;
   std::unique_ptr<Engine> e = Engine::Start(c, &error);
   ASSERT_TRUE(e) << error;

@@ -26,8 +26,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <httplib.h>
 
+#include "http/http_client.h"
 #include "runtime/free_port.h"
 
 extern char** environ;
@@ -144,12 +144,12 @@ std::string Sanitize(std::string s) {
   return s;
 }
 
-HttpReply FromResult(const httplib::Result& r, Clock::time_point t0) {
+HttpReply FromResult(const Result<http::ClientResponse>& r, Clock::time_point t0) {
   HttpReply out;
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   out.body = json::value_t::discarded;
-  if (!r) {
-    out.error = httplib::to_string(r.error());
+  if (!r.ok()) {
+    out.error = r.status().message();
     return out;
   }
   out.status = r->status;
@@ -158,14 +158,9 @@ HttpReply FromResult(const httplib::Result& r, Clock::time_point t0) {
   return out;
 }
 
-std::unique_ptr<httplib::Client> ClientFor(uint16_t port, std::chrono::milliseconds timeout) {
-  auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
-  c->set_tcp_nodelay(true);  // else a POST's body waits 40 ms for a delayed ACK
-  c->set_connection_timeout(5, 0);
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
-  c->set_read_timeout(us / 1'000'000, us % 1'000'000);
-  c->set_write_timeout(10, 0);
-  return c;
+http::ClientOptions OptionsFor(std::chrono::milliseconds timeout) {
+  return http::ClientOptions::Timeouts(Duration::Seconds(5),
+                                       Duration::Milliseconds(timeout.count()));
 }
 
 }  // namespace
@@ -430,39 +425,40 @@ HttpReply Engine::Post(const std::string& path, const json& body,
 
 HttpReply Engine::PostRaw(const std::string& path, const std::string& body,
                           const std::string& content_type, std::chrono::milliseconds timeout) {
-  auto c = ClientFor(http_port_, timeout);
   const auto t0 = Clock::now();
-  // A total deadline: the server keeps a running request's connection busy
-  // (leading whitespace), so the per-read timeout alone never fires.
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body;
-  req.set_header("Content-Type", content_type);
-  // (httplib calls a content receiver for every chunk; `progress` it does
-  // not call for a chunked body.)
+  // A total deadline, not only one on silence: a stream may keep writing.
   const auto deadline = t0 + timeout;
+  http::ClientRequest req;
+  req.method = "POST";
+  req.target = path;
+  req.body = body;
+  req.content_type = content_type;
   std::string received;
-  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-    received.append(data, len);
+  http::ClientSink sink;
+  sink.on_data = [&](std::string_view data) {
+    received.append(data);
     return Clock::now() < deadline;
   };
-  httplib::Result r = c->send(req);
+  Result<http::ClientResponse> r =
+      http::Fetch("http://127.0.0.1:" + std::to_string(http_port_), std::move(req),
+                  OptionsFor(timeout), std::move(sink));
   HttpReply out = FromResult(r, t0);
-  if (r) {
+  if (r.ok() && r->status == 200) {
     out.raw = std::move(received);
     out.body = json::parse(out.raw, nullptr, /*allow_exceptions=*/false);
-  } else if (Clock::now() >= deadline) {
+  } else if (!r.ok() && Clock::now() >= deadline) {
     out.error += " (gave up after " + std::to_string(timeout.count()) + " ms)";
   }
   return out;
 }
 
 HttpReply Engine::Get(const std::string& path, std::chrono::milliseconds timeout) {
-  auto c = ClientFor(http_port_, timeout);
   const auto t0 = Clock::now();
-  httplib::Result r = c->Get(path.c_str());
-  return FromResult(r, t0);
+  http::ClientRequest req;
+  req.target = path;
+  return FromResult(http::Fetch("http://127.0.0.1:" + std::to_string(http_port_), std::move(req),
+                                OptionsFor(timeout)),
+                    t0);
 }
 
 json Engine::DebugState() {

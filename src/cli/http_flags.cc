@@ -1,0 +1,57 @@
+#include "cli/http_flags.h"
+
+namespace kvrelay::cli {
+
+void AddHttpFlags(CLI::App* cmd, HttpFlags* f) {
+  cmd->add_option("--max-body-bytes", f->max_body_bytes,
+                  "largest request body, however framed (chunked too); more get 413 at once")
+      ->capture_default_str();
+  cmd->add_option("--http-io-threads", f->io_threads,
+                  "threads doing HTTP I/O for every connection")
+      ->capture_default_str();
+  cmd->add_option("--http-workers", f->workers,
+                  "threads running handlers that wait (a submit, an admin call, a scrape)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", f->max_connections,
+                  "HTTP connections open at once; more are accepted and closed at once")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-client", f->max_connections_per_client,
+                  "HTTP connections open at once from one address (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout-ms", f->idle_timeout_ms,
+                  "a keep-alive connection with no request this long is closed")
+      ->capture_default_str();
+  cmd->add_option("--header-timeout-ms", f->header_timeout_ms,
+                  "a request header not complete this long after its first byte gets 408")
+      ->capture_default_str();
+  cmd->add_option("--body-timeout-ms", f->body_timeout_ms,
+                  "a request body not complete this long after its header gets 408")
+      ->capture_default_str();
+}
+
+std::string HttpOptionsFrom(const HttpFlags& f, const std::string& host, uint16_t port,
+                            http::ServerOptions* out) {
+  if (f.max_body_bytes == 0) return "--max-body-bytes must be at least 1";
+  if (f.io_threads == 0 || f.io_threads > 64) return "--http-io-threads must be 1..64";
+  if (f.workers == 0 || f.workers > 4096) return "--http-workers must be 1..4096";
+  if (f.max_connections == 0) return "--max-connections must be at least 1";
+  for (const auto& [name, ms] : {std::pair{"--idle-timeout-ms", f.idle_timeout_ms},
+                                 std::pair{"--header-timeout-ms", f.header_timeout_ms},
+                                 std::pair{"--body-timeout-ms", f.body_timeout_ms}}) {
+    if (ms <= 0) return std::string(name) + " must be at least 1";
+  }
+  out->host = host;
+  out->port = port;
+  out->io_threads = f.io_threads;
+  out->worker_threads = f.workers;
+  http::ServerLimits& limits = out->limits;
+  limits.max_body_bytes = f.max_body_bytes;
+  limits.max_connections = f.max_connections;
+  limits.max_connections_per_client = f.max_connections_per_client;
+  limits.idle_timeout = Duration::Milliseconds(f.idle_timeout_ms);
+  limits.header_timeout = Duration::Milliseconds(f.header_timeout_ms);
+  limits.body_timeout = Duration::Milliseconds(f.body_timeout_ms);
+  return "";
+}
+
+}  // namespace kvrelay::cli
