@@ -453,12 +453,64 @@ HttpReply Engine::PostRaw(const std::string& path, const std::string& body,
 }
 
 HttpReply Engine::Get(const std::string& path, std::chrono::milliseconds timeout) {
+  return GetOn(http_port_, path, timeout);
+}
+
+std::string UrlOf(uint16_t port) { return "http://127.0.0.1:" + std::to_string(port); }
+
+HttpReply GetOn(uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
   const auto t0 = Clock::now();
   http::ClientRequest req;
   req.target = path;
-  return FromResult(http::Fetch("http://127.0.0.1:" + std::to_string(http_port_), std::move(req),
-                                OptionsFor(timeout)),
-                    t0);
+  return FromResult(http::Fetch(UrlOf(port), std::move(req), OptionsFor(timeout)), t0);
+}
+
+std::unique_ptr<Router> Router::Start(const std::vector<std::string>& prefill,
+                                      const std::vector<std::string>& decode,
+                                      const std::vector<std::string>& extra, std::string* error,
+                                      bool wait_up) {
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto r = std::unique_ptr<Router>(new Router);
+    r->port_ = FreePort();
+    std::vector<std::string> args = {"router", "--host", "127.0.0.1", "--port",
+                                     std::to_string(r->port_), "--prefill"};
+    args.insert(args.end(), prefill.begin(), prefill.end());
+    args.push_back("--decode");
+    args.insert(args.end(), decode.begin(), decode.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string log = TestDir() + "/router-" + std::to_string(r->port_) + ".log";
+    r->proc_ = Proc::Start(KvrelayBinary(), args, log, error);
+    if (!r->proc_) return nullptr;
+    if (!wait_up) return r;
+    bool up = false, exited = false;
+    const auto deadline = Clock::now() + 30s;
+    while (Clock::now() < deadline) {
+      if (r->proc_->Wait(0ms)) {
+        exited = true;
+        break;
+      }
+      if (GetOn(r->port_, "/health").status == 200) {
+        up = true;
+        break;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    if (up) return r;
+    const std::string text = r->proc_->ReadLog();
+    *error = std::string(exited ? "the router exited" : "/health not 200 within 30 s") +
+             "; log:\n" + text;
+    if (!(exited && text.find("cannot listen") != std::string::npos)) return nullptr;
+  }
+  return nullptr;
+}
+
+std::string Router::Metrics() {
+  HttpReply r = GetOn(port_, "/metrics");
+  return r.status == 200 ? r.raw : std::string();
+}
+
+double Router::Outcome(const std::string& outcome) {
+  return MetricSum(Metrics(), "kvrelay_router_requests_total", "outcome=\"" + outcome + "\"");
 }
 
 json Engine::DebugState() {

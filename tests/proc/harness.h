@@ -203,6 +203,34 @@ json DecodeBody(const std::vector<engine::Token>& prompt, uint32_t n, const json
 json PlainBody(const std::vector<engine::Token>& prompt, uint32_t n);
 
 // choices[0] of a completion, read leniently (empty on a missing field).
+// "http://127.0.0.1:<port>".
+std::string UrlOf(uint16_t port);
+
+// GET on 127.0.0.1:port.
+HttpReply GetOn(uint16_t port, const std::string& path,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+// A `kvrelay router` process in front of engines.
+class Router {
+ public:
+  // Starts `kvrelay router` on a free port (three tries) and, if `wait_up`,
+  // waits (≤ 30 s) for /health 200. nullptr with *error on failure.
+  static std::unique_ptr<Router> Start(const std::vector<std::string>& prefill,
+                                       const std::vector<std::string>& decode,
+                                       const std::vector<std::string>& extra, std::string* error,
+                                       bool wait_up = true);
+  uint16_t port() const { return port_; }
+  Proc& proc() { return *proc_; }
+  std::string Metrics();
+  // kvrelay_router_requests_total{outcome}.
+  double Outcome(const std::string& outcome);
+
+ private:
+  Router() = default;
+  uint16_t port_ = 0;
+  std::unique_ptr<Proc> proc_;
+};
+
 struct Choice {
   bool ok = false;                    // status 200 and the fields were there
   std::vector<engine::Token> tokens;

@@ -50,7 +50,6 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string UrlOf(uint16_t port) { return "http://127.0.0.1:" + std::to_string(port); }
 
 // --- HTTP to the router ------------------------------------------------------------
 
@@ -298,68 +297,6 @@ class RawClient {
  private:
   int fd_ = -1;
   std::string buf_;
-};
-
-// --- the router process -------------------------------------------------------------
-
-class Router {
- public:
-  // Starts `kvrelay router` and, if `wait_up`, waits (≤ 30 s) for /health
-  // 200. nullptr with *error on failure.
-  static std::unique_ptr<Router> Start(const std::vector<std::string>& prefill,
-                                       const std::vector<std::string>& decode,
-                                       const std::vector<std::string>& extra, std::string* error,
-                                       bool wait_up = true) {
-    for (int attempt = 1; attempt <= 3; ++attempt) {
-      auto r = std::unique_ptr<Router>(new Router);
-      r->port_ = FreePort();
-      std::vector<std::string> args = {"router", "--host", "127.0.0.1", "--port",
-                                       std::to_string(r->port_), "--prefill"};
-      args.insert(args.end(), prefill.begin(), prefill.end());
-      args.push_back("--decode");
-      args.insert(args.end(), decode.begin(), decode.end());
-      args.insert(args.end(), extra.begin(), extra.end());
-      const std::string log = TestDir() + "/router-" + std::to_string(r->port_) + ".log";
-      r->proc_ = Proc::Start(KvrelayBinary(), args, log, error);
-      if (!r->proc_) return nullptr;
-      if (!wait_up) return r;
-      bool up = false, exited = false;
-      const auto deadline = Clock::now() + 30s;
-      while (Clock::now() < deadline) {
-        if (r->proc_->Wait(0ms)) {
-          exited = true;
-          break;
-        }
-        if (HttpGet(r->port_, "/health").status == 200) {
-          up = true;
-          break;
-        }
-        std::this_thread::sleep_for(20ms);
-      }
-      if (up) return r;
-      const std::string text = r->proc_->ReadLog();
-      *error = std::string(exited ? "the router exited" : "/health not 200 within 30 s") +
-               "; log:\n" + text;
-      if (!(exited && text.find("cannot listen") != std::string::npos)) return nullptr;
-    }
-    return nullptr;
-  }
-
-  uint16_t port() const { return port_; }
-  Proc& proc() { return *proc_; }
-  std::string Metrics() {
-    HttpReply r = HttpGet(port_, "/metrics");
-    return r.status == 200 ? r.raw : std::string();
-  }
-  double Outcome(const std::string& outcome) {
-    return MetricSum(Metrics(), "kvrelay_router_requests_total",
-                     "outcome=\"" + outcome + "\"");
-  }
-
- private:
-  Router() = default;
-  uint16_t port_ = 0;
-  std::unique_ptr<Proc> proc_;
 };
 
 // --- fixture ------------------------------------------------------------------------
