@@ -1,10 +1,12 @@
 #include <cstdio>
+#include <ctime>
 #include <memory>
 #include <string>
 
 #include "bench/core_bench.h"
 #include "bench/load_gen.h"
 #include "cli/commands.h"
+#include "cli/http_bench.h"
 #include "cli/transfer_bench.h"
 #include "cli/ttft_bench.h"
 #include "runtime/auth_token.h"
@@ -69,6 +71,41 @@ void RegisterBench(CLI::App& app) {
   RegisterLoadOptions(bench);
   RegisterTransferBench(bench);
   RegisterTtftBench(bench);
+  RegisterHttpBench(bench);
+}
+
+void RegisterHttpBench(CLI::App* bench) {
+  auto o = std::make_shared<HttpBenchOptions>();
+  auto* cmd = bench->add_subcommand(
+      "http",
+      "What many connections cost the HTTP servers: against the router of a local 1P1D "
+      "cluster, then a plain engine, --idle connections held open that send nothing plus "
+      "--streams concurrent streamed completions, while GET /health is probed every "
+      "--probe-ms; reports its latency (and its baseline before the load, same run), the "
+      "server's RSS and threads, and checks that nothing is left afterwards");
+  cmd->add_option("--idle", o->idle, "idle connections per target")->capture_default_str();
+  cmd->add_option("--streams", o->streams, "concurrent streamed completions per target")
+      ->capture_default_str();
+  cmd->add_option("--tokens", o->tokens, "max_tokens of each stream")->capture_default_str();
+  cmd->add_option("--probe-ms", o->probe_ms, "GET /health this often under load")
+      ->capture_default_str();
+  cmd->add_option("--p99-target-ms", o->p99_target_ms,
+                  "GET /health p99 under load must be below this (a check)")
+      ->capture_default_str();
+  cmd->add_option("--timeout-s", o->timeout_s, "bound on each target's streams")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed for the prompts")->capture_default_str();
+  cmd->add_option("--logs", o->logs, "folder for the processes' logs (default /tmp/kvrelay-http-<time>)");
+  cmd->add_option("--json", o->json_path, "also write the report as JSON to this file");
+  cmd->callback([o] {
+    HttpBenchOptions run = *o;
+    if (run.logs.empty()) run.logs = "/tmp/kvrelay-http-" + std::to_string(std::time(nullptr));
+    Status s = RunHttpBench(run);
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvrelay bench http: %s\n", s.message().c_str());
+      SetExitCode(1);
+    }
+  });
 }
 
 void RegisterTransferBench(CLI::App* bench) {

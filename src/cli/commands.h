@@ -18,6 +18,7 @@ void RegisterRouter(CLI::App& app);
 void RegisterLoadOptions(CLI::App* bench);
 void RegisterTransferBench(CLI::App* bench);
 void RegisterTtftBench(CLI::App* bench);
+void RegisterHttpBench(CLI::App* bench);
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
                   std::string* json_path);
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,

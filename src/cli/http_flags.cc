@@ -1,6 +1,20 @@
 #include "cli/http_flags.h"
 
+#include <sys/resource.h>
+
+#include <cstdio>
+
 namespace kvrelay::cli {
+
+void RaiseOpenFileLimit() {
+  rlimit l{};
+  if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur >= l.rlim_max) return;
+  l.rlim_cur = l.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &l) != 0) {
+    std::fprintf(stderr, "kvrelay: cannot raise the open-file limit to %llu\n",
+                 static_cast<unsigned long long>(l.rlim_max));
+  }
+}
 
 void AddHttpFlags(CLI::App* cmd, HttpFlags* f) {
   cmd->add_option("--max-body-bytes", f->max_body_bytes,

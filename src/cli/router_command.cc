@@ -57,6 +57,7 @@ bool SignalWithin(const sigset_t& set, Duration d) {
 }
 
 int RunRouter(const RouterCliOptions& o) {
+  RaiseOpenFileLimit();   // every HTTP connection is a file
   if (o.max_inflight == 0 || o.leg_threads == 0 ||
       o.discovery_timeout_s < 0 || o.connect_timeout_s <= 0 || o.upstream_idle_timeout_s <= 0 ||
       o.recheck_interval_ms <= 0 || o.drain_timeout_s < 0) {

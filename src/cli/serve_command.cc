@@ -73,6 +73,7 @@ struct ServeCliOptions {
 };
 
 int RunServe(const ServeCliOptions& o) {
+  RaiseOpenFileLimit();   // every HTTP connection is a file
   server::ServerOptions so;
   runtime::NodeOptions& no = so.node;
   engine::EngineOptions& eo = no.engine;

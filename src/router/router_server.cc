@@ -148,7 +148,10 @@ void RouterServer::Stop() {
 void RouterServer::Impl::Routes() {
   using http::Run;
   using Ex = std::shared_ptr<http::Exchange>;
-  http->Route("POST", "/v1/completions", Run::kInline,
+  // On a worker: parsing the body and building both legs' bodies is the
+  // router's heaviest work; a burst of requests must not queue the I/O
+  // threads (and every other connection's reads) behind it.
+  http->Route("POST", "/v1/completions", Run::kWorker,
               [this](http::Request req, Ex ex) { Completions(std::move(req), ex); });
   http->Route("GET", "/v1/models", Run::kWorker, [this](http::Request, Ex ex) { Models(*ex); });
   http->Route("GET", "/health", Run::kInline, [this](http::Request, Ex ex) {
