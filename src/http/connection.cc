@@ -10,6 +10,8 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/status.hpp>
 
+#include "http/request_rules.h"
+
 namespace kvrelay::http {
 
 namespace asio = boost::asio;
@@ -198,8 +200,7 @@ void Connection::ReadHeader() {
   phase_ = Phase::kHeader;
   const ServerLimits& limits = host_->options().limits;
   parser_.emplace();
-  parser_->header_limit(static_cast<uint32_t>(std::min<size_t>(limits.max_header_bytes, UINT32_MAX)));
-  parser_->body_limit(limits.max_body_bytes);
+  ApplyLimits(limits, &*parser_);
   ArmTimer(limits.header_timeout);
   bhttp::async_read_header(socket_, buffer_, *parser_,
                            [self = shared_from_this()](const error_code& ec, size_t) {
@@ -207,56 +208,25 @@ void Connection::ReadHeader() {
                            });
 }
 
+void Connection::OnReadError(const error_code& ec, const char* what, Duration bound) {
+  if (timed_out_) {
+    return Refuse(Refusal{408,
+                          std::string("the request ") + what + " did not arrive within " +
+                              std::to_string(bound.ns() / 1000000) + " ms",
+                          Refusal::Reason::kTimeout});
+  }
+  if (std::optional<Refusal> r = RefusalFor(ec, host_->options().limits)) return Refuse(*r);
+  Close();   // closed or reset: nothing to answer
+}
+
 void Connection::OnHeader(const error_code& ec) {
   ++timer_gen_;
   timer_.cancel();
   if (closed_) return;
   const ServerLimits& limits = host_->options().limits;
-  if (ec) {
-    if (timed_out_) {
-      return Refuse(408, "the request header did not arrive within " +
-                             std::to_string(limits.header_timeout.ns() / 1000000) + " ms",
-                    "invalid_request_error");
-    }
-    if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-        ec == bhttp::error::partial_message || ec == asio::error::connection_reset) {
-      return Close();
-    }
-    if (ec == bhttp::error::header_limit) {
-      host_->counters().refused_header_bytes++;
-      return Refuse(431, "the request header is longer than the limit of " +
-                             std::to_string(limits.max_header_bytes) + " bytes",
-                    "invalid_request_error");
-    }
-    if (ec == bhttp::error::body_limit) {
-      host_->counters().refused_body_bytes++;
-      return Refuse(413, "request body is longer than the limit of " +
-                             std::to_string(limits.max_body_bytes) + " bytes (--max-body-bytes)",
-                    "invalid_request_error");
-    }
-    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() ||
-        ec == bhttp::error::bad_content_length) {
-      host_->counters().refused_malformed++;
-      return Refuse(400, "malformed request: " + ec.message(), "invalid_request_error");
-    }
-    return Close();
-  }
-  const auto& head = parser_->get();
-  size_t fields = 0;
-  for (auto it = head.begin(); it != head.end(); ++it) ++fields;
-  if (fields > limits.max_header_count) {
-    host_->counters().refused_header_bytes++;
-    return Refuse(431, "the request has " + std::to_string(fields) +
-                           " header fields; the limit is " +
-                           std::to_string(limits.max_header_count),
-                  "invalid_request_error");
-  }
-  if (head.target().size() > limits.max_target_bytes) {
-    host_->counters().refused_header_bytes++;
-    return Refuse(414, "the request target is longer than the limit of " +
-                           std::to_string(limits.max_target_bytes) + " bytes",
-                  "invalid_request_error");
-  }
+  if (ec) return OnReadError(ec, "header", limits.header_timeout);
+  const RequestMessage& head = parser_->get();
+  if (std::optional<Refusal> r = CheckHead(head, limits)) return Refuse(*r);
   http11_ = head.version() >= 11;
   keep_alive_ = head.keep_alive();
   auto expect = head.find(bhttp::field::expect);
@@ -278,44 +248,16 @@ void Connection::OnBody(const error_code& ec) {
   ++timer_gen_;
   timer_.cancel();
   if (closed_) return;
-  const ServerLimits& limits = host_->options().limits;
-  if (!ec) return OnRequest();
-  if (timed_out_) {
-    return Refuse(408, "the request body did not arrive within " +
-                           std::to_string(limits.body_timeout.ns() / 1000000) + " ms",
-                  "invalid_request_error");
-  }
-  if (ec == bhttp::error::body_limit) {
-    host_->counters().refused_body_bytes++;
-    return Refuse(413, "request body is longer than the limit of " +
-                           std::to_string(limits.max_body_bytes) + " bytes (--max-body-bytes)",
-                  "invalid_request_error");
-  }
-  if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() && ec != bhttp::error::partial_message &&
-      ec != bhttp::error::end_of_stream) {
-    host_->counters().refused_malformed++;
-    return Refuse(400, "malformed request body: " + ec.message(), "invalid_request_error");
-  }
-  Close();
+  if (ec) return OnReadError(ec, "body", host_->options().limits.body_timeout);
+  OnRequest();
 }
 
 void Connection::OnRequest() {
   host_->counters().requests++;
-  auto msg = parser_->release();
-  parser_.reset();
   Request req;
-  req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
-  if (!SplitTarget(req.target, &req.path, &req.query)) {
-    host_->counters().refused_malformed++;
-    return Refuse(400, "malformed request target: " + req.target, "invalid_request_error");
-  }
-  for (const auto& f : msg) {
-    req.headers.emplace_back(Lower(f.name_string()), std::string(f.value()));
-  }
-  req.body = std::move(msg.body());
-  req.remote_addr = remote_;
-  req.connection = id_;
+  std::optional<Refusal> bad = BuildRequest(parser_->release(), remote_, id_, &req);
+  parser_.reset();
+  if (bad) return Refuse(*bad);
   ++seq_;
   phase_ = Phase::kHandling;
   resp_ = Resp::kNone;
@@ -372,15 +314,22 @@ void Connection::DoEnd(uint64_t seq) {
   if (!writing_ && out_.empty()) ResponseWritten();
 }
 
-void Connection::Refuse(int status, const std::string& message, const char* type) {
-  if (status == 408) host_->counters().refused_timeout++;
+void Connection::Refuse(const Refusal& r) {
+  ServerCounters& c = host_->counters();
+  switch (r.reason) {
+    case Refusal::Reason::kBodyBytes: c.refused_body_bytes++; break;
+    case Refusal::Reason::kHeaderBytes: c.refused_header_bytes++; break;
+    case Refusal::Reason::kMalformed: c.refused_malformed++; break;
+    case Refusal::Reason::kTimeout: c.refused_timeout++; break;
+  }
   const ServerOptions& o = host_->options();
-  const std::string body = o.error_body ? o.error_body(status, message, type) : message;
+  const std::string body =
+      o.error_body ? o.error_body(r.status, r.message, "invalid_request_error") : r.message;
   keep_alive_ = false;
   phase_ = Phase::kHandling;
   ++seq_;
   resp_ = Resp::kDone;
-  std::string bytes = Head(status, o.error_body ? o.error_content_type : "text/plain", false,
+  std::string bytes = Head(r.status, o.error_body ? o.error_content_type : "text/plain", false,
                            body.size());
   bytes += body;
   Queue(std::move(bytes));

@@ -40,6 +40,7 @@
 #include "http/exchange.h"
 #include "http/http_request.h"
 #include "http/http_server.h"
+#include "http/request_rules.h"
 
 namespace kvrelay::http {
 
@@ -104,7 +105,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnRequest();
   void Watch();
   void Probe();
-  void Refuse(int status, const std::string& message, const char* type);
+  // A read failed (or its phase timed out): the answer, then the close.
+  void OnReadError(const boost::system::error_code& ec, const char* what, Duration bound);
+  void Refuse(const Refusal& r);
   void Queue(std::string bytes);
   void Flush();
   void OnWritten(const boost::system::error_code& ec, size_t n);

@@ -1,21 +1,24 @@
 #include "router/leg_bodies.h"
 
+#include "server/json_body.h"
+
 namespace kvrelay::router {
 
 using nlohmann::json;
 
 Result<ClientRequest> ParseClientBody(std::string_view body) {
   ClientRequest r;
-  try {
-    r.body = json::parse(body);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400
-    std::string what = e.what();
-    // "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
-    const size_t at = what.find(" at ");
-    if (at != std::string::npos) what = what.substr(at + 4);
-    return InvalidArgumentError("body is not valid JSON: " + what);
-  }
+  Result<json> parsed = server::ParseJsonBody(body);
+  if (!parsed.ok()) return parsed.status();
+  r.body = std::move(*parsed);
   if (!r.body.is_object()) return InvalidArgumentError("body must be a JSON object");
+  // The router owns kv_transfer_params (it replaces the client's); one that
+  // could not be a hand-off's is refused rather than dropped unseen.
+  if (auto kv = r.body.find("kv_transfer_params");
+      kv != r.body.end() && !kv->is_object() && !kv->is_null()) {
+    return InvalidArgumentError(std::string("kv_transfer_params must be an object (got ") +
+                                kv->type_name() + "); the router sets it for both legs");
+  }
   auto it = r.body.find("stream");
   r.stream = it != r.body.end() && it->is_boolean() && it->get<bool>();
   return r;

@@ -29,6 +29,15 @@ TEST(ParseClientBodyTest, RejectsWhatIsNotAJsonObject) {
   EXPECT_NE(ParseClientBody("{").status().message().find("body is not valid JSON: "),
             std::string::npos);
   EXPECT_EQ(ParseClientBody("[1]").status().message(), "body must be a JSON object");
+  // A NUL ends nlohmann's reading: the body is refused, not cut short.
+  EXPECT_FALSE(ParseClientBody(std::string(R"({"prompt":"a"})") + '\0' + "x").ok());
+  // The router sets kv_transfer_params itself: one that is not an object is
+  // refused, not dropped unseen.
+  const Result<ClientRequest> kv = ParseClientBody(R"({"prompt":"a","kv_transfer_params":5})");
+  ASSERT_FALSE(kv.ok());
+  EXPECT_EQ(kv.status().message(),
+            "kv_transfer_params must be an object (got number); the router sets it for both legs");
+  EXPECT_TRUE(ParseClientBody(R"({"prompt":"a","kv_transfer_params":null})").ok());
 }
 
 TEST(ParseClientBodyTest, ReadsStreamAndKeepsTheRest) {

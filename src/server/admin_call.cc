@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/json_body.h"
+
 namespace kvrelay::server {
 namespace {
 
@@ -98,23 +100,11 @@ Status CheckQuery(std::string_view path, const std::map<std::string, std::string
 // Query-only endpoints: the body must say nothing (empty, blank, {} or null).
 Status CheckNoBody(std::string_view path, std::string_view body) {
   if (IsBlank(body)) return Status::Ok();
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_null() || (j.is_object() && j.empty())) return Status::Ok();
+  Result<json> j = ParseJsonBody(body);
+  if (j.ok() && (j->is_null() || (j->is_object() && j->empty()))) return Status::Ok();
   return InvalidArgumentError("POST " + std::string(path) +
                               " takes its arguments in the query string, not in a body (got " +
                               std::to_string(body.size()) + " bytes of body)");
-}
-
-// "at line 1, column 7: ..." from nlohmann's exception text.
-std::string Where(const json::exception& e) {
-  std::string what = e.what();
-  if (const size_t close = what.find("] "); what.starts_with("[json.exception.") &&
-                                             close != std::string::npos) {
-    what = what.substr(close + 2);
-  }
-  if (what.starts_with("parse error ")) what = what.substr(12);
-  if (what.size() > 200) what = what.substr(0, 200) + "...";
-  return what;
 }
 
 // Body endpoints: a JSON object whose keys are all in `allowed`.
@@ -125,12 +115,9 @@ Result<json> BodyObject(std::string_view path, std::string_view body,
     return InvalidArgumentError("POST " + std::string(path) + " needs a JSON body, e.g. " +
                                 std::string(example));
   }
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::exception& e) {
-    return InvalidArgumentError("body is not valid JSON: " + Where(e));
-  }
+  Result<json> parsed = ParseJsonBody(body);
+  if (!parsed.ok()) return parsed.status();
+  json j = std::move(*parsed);
   if (!j.is_object()) {
     return InvalidArgumentError("body must be a JSON object (got " + TypeName(j) + "), e.g. " +
                                 std::string(example));

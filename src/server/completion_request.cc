@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/transfer_id.h"
+#include "server/json_body.h"
 #include "server/tokenizer.h"
 
 namespace kvrelay::server {
@@ -65,25 +66,6 @@ int64_t IntegerValue(const json& j) {
                : static_cast<int64_t>(u);
   }
   return j.get<int64_t>();
-}
-
-// "at line 1, column 7: syntax error while parsing ..." from nlohmann's
-// "[json.exception.parse_error.101] parse error at line 1, ...", or
-// "number overflow parsing '1e400'" from its out_of_range.406.
-std::string Where(const json::exception& e) {
-  std::string what = e.what();
-  if (const size_t close = what.find("] "); what.starts_with("[json.exception.") &&
-                                             close != std::string::npos) {
-    what = what.substr(close + 2);
-  }
-  if (what.starts_with("parse error ")) what = what.substr(12);
-  constexpr size_t kMax = 200;
-  if (what.size() > kMax) {
-    size_t n = kMax;
-    while (n > 0 && (static_cast<uint8_t>(what[n]) & 0xC0) == 0x80) --n;
-    what = what.substr(0, n) + "...";
-  }
-  return what;
 }
 
 bool IsPrintableAscii(std::string_view s) {
@@ -383,12 +365,9 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
                   "request body is " + std::to_string(body.size()) + " bytes; the limit is " +
                       std::to_string(limits.max_body_bytes) + " bytes");
   }
-  json doc;
-  try {
-    doc = json::parse(body);
-  } catch (const json::exception& e) {   // parse_error, or out_of_range for 1e400
-    return InvalidArgumentError("body is not valid JSON: " + Where(e));
-  }
+  Result<json> parsed = ParseJsonBody(body);
+  if (!parsed.ok()) return parsed.status();
+  json doc = std::move(*parsed);
   if (!doc.is_object()) {
     return InvalidArgumentError("body must be a JSON object (got " + TypeName(doc) + ")");
   }

@@ -1,0 +1,27 @@
+// json_body.h — ParseJsonBody: a request body read as one JSON value, with
+// the errors a client can act on.
+//
+// Why one function: the engine's completions and admin calls and the
+// router's completions all parse client bodies, and each must refuse the
+// same things the same way. nlohmann's parser stops at a NUL byte and takes
+// what came before it as the whole text, so a body with a NUL is refused
+// here rather than half-read; its exception texts carry an internal tag
+// ("[json.exception.parse_error.101]") that is cut.
+//
+// Thread safety: a pure function; any thread.
+#pragma once
+
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "base/result.h"
+
+namespace kvrelay::server {
+
+// kInvalidArgument: "body is not valid JSON: at line 1, column 7: ..." (at
+// most 200 bytes of nlohmann's text, without its tag), or "body is not valid
+// JSON: a NUL byte at offset N".
+Result<nlohmann::json> ParseJsonBody(std::string_view body);
+
+}  // namespace kvrelay::server
