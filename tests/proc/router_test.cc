@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -529,6 +530,69 @@ TEST_F(RouterTest, ClientDisconnectCancelsBothLegs) {
   const Tokens prompt = RandomPrompt(rng_, 20);
   EXPECT_TRUE(Correct(Complete(r->port(), prompt, 5, true), prompt, 5));
   ExpectAllIdle();
+}
+
+// (3b) An admin abort on D (abort_requests, all) reaches the client as a
+// plain engine's abort: 200 with finish_reason "abort" (the JSON body, or the
+// stream's last chunk then [DONE]), never a 502; the router counts the
+// outcome "aborted".
+TEST_F(RouterTest, AnAbortOnDReachesTheClientAsFinishReasonAbort) {
+  Engine* p = StartEngine("P", "prefill");
+  Engine* d = StartEngine("D", "decode", {"--step-base-us", "5000"});
+  ASSERT_TRUE(p && d);
+  Router* r = StartRouter({p}, {d});
+  ASSERT_NE(r, nullptr);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "json");
+    Answer a;
+    std::thread client([&] { a = Complete(r->port(), RandomPrompt(rng_, 60), 400, stream); });
+    ASSERT_TRUE(WaitFor([&] { return d->DebugState()["engine"]["running"] == 1; }, 10s, 2ms))
+        << d->DebugState().dump();
+    HttpReply abort = d->Post("/abort_requests", json::object());
+    EXPECT_EQ(abort.status, 200) << Describe(abort);
+    client.join();
+    EXPECT_EQ(a.reply.status, 200) << a.Describe();
+    EXPECT_TRUE(a.completion) << a.Describe();
+    EXPECT_EQ(a.finish_reason, "abort") << a.Describe();
+    EXPECT_FALSE(a.clean_error) << a.Describe();
+    if (stream) {
+      EXPECT_TRUE(a.saw_done) << a.Describe();
+    }
+    EXPECT_LT(a.tokens.size(), 400u) << a.Describe();
+  }
+  EXPECT_EQ(r->Outcome("aborted"), 2);
+  EXPECT_EQ(r->Outcome("decode_failed"), 0);
+  ExpectAllIdle();
+}
+
+// Every /metrics (the router's, P's, D's) after traffic of every kind passes
+// Prometheus' own linter (promtool, from scripts/setup --tests).
+TEST_F(RouterTest, MetricsPassPromtool) {
+  ASSERT_EQ(std::system("command -v promtool >/dev/null"), 0)
+      << "promtool is missing: scripts/setup --tests installs it (Debian's prometheus)";
+  Engine* p = StartEngine("P", "prefill");
+  Engine* d = StartEngine("D", "decode");
+  ASSERT_TRUE(p && d);
+  Router* r = StartRouter({p}, {d});
+  ASSERT_NE(r, nullptr);
+  for (int i = 0; i < 6; ++i) (void)Complete(r->port(), RandomPrompt(rng_, 20), 4, i % 2 == 1);
+  (void)HttpPost(r->port(), "/v1/completions", "{\"prompt\": [1,");
+  (void)HttpPost(r->port(), "/v1/completions", std::string(2 << 20, 'x'));
+  ExpectAllIdle();
+  const std::vector<std::pair<std::string, std::string>> scrapes = {
+      {"router", r->Metrics()}, {"P", p->Metrics()}, {"D", d->Metrics()}};
+  for (const auto& [name, text] : scrapes) {
+    SCOPED_TRACE(name);
+    ASSERT_FALSE(text.empty());
+    const std::string file = TestDir() + "/metrics-" + name + ".txt";
+    std::ofstream(file) << text;
+    const std::string out = TestDir() + "/promtool-" + name + ".txt";
+    const int rc = std::system(("promtool check metrics < " + file + " > " + out + " 2>&1").c_str());
+    std::ifstream in(out);
+    const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(rc, 0) << said;
+    EXPECT_TRUE(said.empty()) << said;
+  }
 }
 
 // (4) 2P1D under load; one P is SIGKILLed. Every client gets its output or

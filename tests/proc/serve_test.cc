@@ -34,6 +34,7 @@
 #include <cctype>
 #include <map>
 #include <sstream>
+#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -976,6 +977,41 @@ TEST(HttpConnectionsTest, BurstOfConnectionsIsAcceptedPromptly) {
   EXPECT_EQ(slow, 0) << "connections waited for a SYN retry (listen backlog overflowed?); "
                         "slowest "
                      << worst << " s";
+}
+
+// serve --port 0 (and no --ctrl-port, no --engine-id): a free HTTP port, tp
+// free control ports, a random engine id; the start line prints both ports
+// and /kv_info agrees. Two such engines never share an id.
+TEST(HttpConnectionsTest, PortZeroPicksFreePortsAndNeverDerivesTheIdFromIt) {
+  std::vector<std::unique_ptr<Proc>> procs;
+  std::vector<uint32_t> ids;
+  for (int i = 0; i < 2; ++i) {
+    std::string err;
+    const std::string log = TestDir() + "/port0-" + std::to_string(i) + ".log";
+    procs.push_back(Proc::Start(KvrelayBinary(),
+                                {"serve", "--role", "prefill", "--tp", "2", "--port", "0"}, log,
+                                &err));
+    ASSERT_NE(procs.back(), nullptr) << err;
+    std::smatch m;
+    const std::regex start_line(R"(http 127\.0\.0\.1:(\d+), control 127\.0\.0\.1:(\d+)\+rank)");
+    std::string text;
+    ASSERT_TRUE(WaitFor([&] {
+      text = procs.back()->ReadLog();
+      return std::regex_search(text, m, start_line);
+    }, 20s)) << text;
+    const int http_port = std::stoi(m[1].str()), ctrl_port = std::stoi(m[2].str());
+    EXPECT_GT(http_port, 0);
+    EXPECT_NE(ctrl_port, 1000) << "the control port came from --port 0";
+    EXPECT_GT(ctrl_port, 1023);
+    HttpReply info = GetOn(static_cast<uint16_t>(http_port), "/kv_info");
+    ASSERT_EQ(info.status, 200) << Describe(info);
+    EXPECT_EQ(info.body.value("kv_port", 0), ctrl_port);
+    ids.push_back(info.body.value("engine_id", 0u));
+    EXPECT_NE(ids.back(), 0u);
+    EXPECT_NE(ids.back(), static_cast<uint32_t>(http_port));
+    EXPECT_LT(ids.back(), 1u << 28);
+  }
+  EXPECT_NE(ids[0], ids[1]);
 }
 
 // --- 8. admin calls ---------------------------------------------------------------------
