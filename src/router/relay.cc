@@ -108,18 +108,13 @@ void Relay::Feed(F&& f) {
 
 void Relay::Drive() {
   if (replied_ || !exchange_) return;
-  auto note_first_token = [&] {
-    if (ttft_noted_) return;
-    ttft_noted_ = true;
-    first_token_s_ = (runtime::MonoNow() - arrived_).seconds();
-  };
   if (!logic_.committed()) {
     if (!logic_.ReadyToCommit()) return;
     if (logic_.decided()) {
       ClientReply r = logic_.Reply();
       exchange_->Respond(r.status, r.content_type, std::move(r.body));
       replied_ = true;
-      if (logic_.stream() && logic_.outcome() == Outcome::kOk) note_first_token();
+      if (logic_.stream() && logic_.outcome() == Outcome::kOk) NoteFirstToken();
       return;
     }
     logic_.Commit();
@@ -129,11 +124,17 @@ void Relay::Drive() {
   bool finished = false, has_tokens = false;
   std::string out = logic_.TakeBody(&finished, &has_tokens);
   if (!out.empty()) exchange_->Write(std::move(out));
-  if (has_tokens) note_first_token();
+  if (has_tokens) NoteFirstToken();
   if (finished) {
     exchange_->End();
     replied_ = true;
   }
+}
+
+void Relay::NoteFirstToken() {
+  if (ttft_noted_) return;
+  ttft_noted_ = true;
+  first_token_s_ = (runtime::MonoNow() - arrived_).seconds();
 }
 
 void Relay::ApplyCancels() {

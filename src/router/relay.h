@@ -82,6 +82,8 @@ class Relay : public std::enable_shared_from_this<Relay> {
   void Feed(F&& f) EXCLUDES(mu_);
   // Writes to the client what the logic allows now.
   void Drive() REQUIRES(mu_);
+  // Records the time to the client's first token (once; reported by Feed).
+  void NoteFirstToken() REQUIRES(mu_);
   void ApplyCancels() EXCLUDES(mu_);
   void Finish() EXCLUDES(mu_);
 
