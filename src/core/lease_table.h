@@ -79,6 +79,7 @@
 #include "base/time.h"
 #include "base/transfer_id.h"
 #include "core/block_id.h"
+#include "core/messages.h"
 #include "core/send_table.h"
 #include "core/timer_heap.h"
 #include "core/transfer_result.h"
@@ -96,23 +97,6 @@ struct LeaseTableOptions {
   uint32_t max_leases = 1u << 20;
   uint32_t max_tombstones = 1u << 20;
 };
-
-// How P answers a heartbeat.
-enum class LeaseAnswer : uint8_t {
-  kGranted = 0,   // `src` may be read until `remaining_ns` after D sent it
-  kPending = 1,   // not ready (prefill running) or unknown: ask again
-  kEnded = 2,     // the transfer ended (`result`); do not read
-};
-const char* LeaseAnswerName(LeaseAnswer answer);
-
-// What a D rank tells P about a transfer it was granted (or will not read).
-enum class ReadNotice : uint8_t {
-  kDone = 0,      // every read landed: this rank is done with the blocks
-  kFailed = 1,    // a read failed; no read of this rank is in flight
-  kRelease = 2,   // the request went away; no read of this rank in flight
-  kRevoked = 3,   // answer to a revoke: no read of this rank in flight
-};
-const char* ReadNoticeName(ReadNotice notice);
 
 // --- Actions ----------------------------------------------------------------
 

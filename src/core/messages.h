@@ -4,6 +4,11 @@
 // notices. The wire codec (core/wire.h) turns these into versioned bytes; the simulator
 // delivers them as they are. A pull names its transfers and the destination
 // blocks in D's registered memory; an answer closes one (pull, transfer).
+//
+// This is the vocabulary the tables speak (core/send_table.h,
+// core/lease_table.h include it), not the other way round.
+//
+// Thread safety: value types and pure functions; any thread.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +18,42 @@
 #include "base/transfer_id.h"
 #include "core/block_id.h"
 #include "core/first_token.h"
-#include "core/lease_table.h"
-#include "core/send_table.h"
 #include "core/transfer_result.h"
 
 namespace kvrelay {
+
+// One transfer named in a pull. Empty `dst` means a release.
+struct PullItem {
+  TransferId transfer;
+  std::vector<BlockId> dst;
+  // Fingerprint of the prompt D expects (0: not checked). A pull whose
+  // fingerprint differs from the claimed send's is refused (kRejected): a
+  // transfer_id collision — a router bug, or two routers — must end as a
+  // failed load, never as KV of another prompt decoded as this one's.
+  uint64_t prompt_hash = 0;
+  // How long D still grants from now (0: the full abort_timeout). A pull
+  // resent after a reconnect grants only what is left before D gives up,
+  // so P's deadline stays anchored to D's clock, not to the resend.
+  int64_t budget_ns = 0;
+  bool operator==(const PullItem&) const = default;
+};
+
+// How P answers a heartbeat.
+enum class LeaseAnswer : uint8_t {
+  kGranted = 0,   // `src` may be read until `remaining_ns` after D sent it
+  kPending = 1,   // not ready (prefill running) or unknown: ask again
+  kEnded = 2,     // the transfer ended (`result`); do not read
+};
+const char* LeaseAnswerName(LeaseAnswer answer);
+
+// What a D rank tells P about a transfer it was granted (or will not read).
+enum class ReadNotice : uint8_t {
+  kDone = 0,      // every read landed: this rank is done with the blocks
+  kFailed = 1,    // a read failed; no read of this rank is in flight
+  kRelease = 2,   // the request went away; no read of this rank in flight
+  kRevoked = 3,   // answer to a revoke: no read of this rank in flight
+};
+const char* ReadNoticeName(ReadNotice notice);
 
 // D rank → P rank. An item with no blocks is a release.
 struct PullMsg {

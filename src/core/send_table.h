@@ -91,6 +91,7 @@
 #include "base/transfer_id.h"
 #include "base/typed_id.h"
 #include "core/block_id.h"
+#include "core/messages.h"
 #include "core/timer_heap.h"
 #include "core/transfer_result.h"
 
@@ -121,22 +122,6 @@ struct SendTableOptions {
   uint32_t max_tombstones = 1u << 20;
   uint32_t max_items_per_pull = 4096;
   uint32_t max_blocks_per_item = 1u << 16;
-};
-
-// One transfer named in a pull. Empty `dst` means a release.
-struct PullItem {
-  TransferId transfer;
-  std::vector<BlockId> dst;
-  // Fingerprint of the prompt D expects (0: not checked). A pull whose
-  // fingerprint differs from the claimed send's is refused (kRejected): a
-  // transfer_id collision — a router bug, or two routers — must end as a
-  // failed load, never as KV of another prompt decoded as this one's.
-  uint64_t prompt_hash = 0;
-  // How long D still grants from now (0: the full abort_timeout). A pull
-  // resent after a reconnect grants only what is left before D gives up,
-  // so P's deadline stays anchored to D's clock, not to the resend.
-  int64_t budget_ns = 0;
-  bool operator==(const PullItem&) const = default;
 };
 
 // --- Actions (effects for the driver) -------------------------------------
