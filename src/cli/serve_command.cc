@@ -162,8 +162,8 @@ int RunServe(const ServeCliOptions& o) {
   no.transport_options.listen_host = o.host;
   no.transport_options.tcp_streams = o.tcp_streams;
   no.transport_options.ucx_tls = o.ucx_tls;
-  no.abort_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.abort_timeout_s * 1e9));
-  no.giveup_grace = Duration::Nanoseconds(static_cast<int64_t>(o.giveup_grace_s * 1e9));
+  no.timings.abort_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.abort_timeout_s * 1e9));
+  no.timings.giveup_grace = Duration::Nanoseconds(static_cast<int64_t>(o.giveup_grace_s * 1e9));
   no.peer_dead_after = Duration::Nanoseconds(static_cast<int64_t>(o.peer_dead_after_s * 1e9));
   no.write_faults = o.write_faults;
   if (!ParseKvMode(o.kv_mode, &no.kv_mode)) {
@@ -185,10 +185,10 @@ int RunServe(const ServeCliOptions& o) {
     return 2;
   }
   auto seconds = [](double s) { return Duration::Nanoseconds(static_cast<int64_t>(s * 1e9)); };
-  no.lease = seconds(o.lease_s);
-  no.lease_extension = seconds(o.lease_extension_s);
-  no.lease_heartbeat = seconds(o.lease_heartbeat_s);
-  no.read_margin = seconds(o.read_margin_s);
+  no.timings.lease = seconds(o.lease_s);
+  no.timings.lease_extension = seconds(o.lease_extension_s);
+  no.timings.lease_heartbeat = seconds(o.lease_heartbeat_s);
+  no.timings.read_margin = seconds(o.read_margin_s);
   if (std::string err = HttpOptionsFrom(o.http, o.host, o.port, &so.http); !err.empty()) {
     std::fprintf(stderr, "kvrelay serve: %s\n", err.c_str());
     return 2;

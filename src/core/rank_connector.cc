@@ -9,6 +9,19 @@
 
 namespace kvrelay {
 
+void RankConnectorOptions::ApplyTimings(const TransferTimings& t) {
+  send.abort_timeout = t.abort_timeout;
+  send.giveup_grace = t.giveup_grace;
+  load.abort_timeout = t.abort_timeout;
+  load.giveup_grace = t.giveup_grace;
+  lease.initial_lease = t.lease;
+  lease.extension = t.lease_extension;
+  lease.tombstone_ttl = t.GiveUp();
+  read.heartbeat_interval = t.lease_heartbeat;
+  read.read_margin = t.read_margin;
+  read.giveup = t.GiveUp();
+}
+
 const char* KvModeName(KvMode mode) { return mode == KvMode::kRead ? "read" : "push"; }
 
 bool ParseKvMode(const std::string& name, KvMode* out) {

@@ -29,6 +29,7 @@
 #include <utility>
 #include <variant>
 
+#include "core/transfer_timings.h"
 #include "core/connector_metadata.h"
 #include "core/lease_table.h"
 #include "core/load_table.h"
@@ -56,6 +57,9 @@ struct RankConnectorOptions {
   LoadTableOptions load;
   LeaseTableOptions lease;       // read mode, P
   ReadLoadTableOptions read;     // read mode, D
+
+  // Sets every table's times from `t` (the one place they are derived).
+  void ApplyTimings(const TransferTimings& t);
 };
 
 using RankAction = std::variant<OutMessage, StartWrite, StartRead>;

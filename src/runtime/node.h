@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/transfer_timings.h"
 #include "base/mutex.h"
 #include "base/result.h"
 #include "engine/engine.h"
@@ -39,12 +40,7 @@ struct NodeOptions {
   uint64_t inline_write_bytes = 1 << 20;   // shm: smaller writes run on the rank's thread
   bool local_lane = true;                  // same-host control frames on a Unix socket
   KvMode kv_mode = KvMode::kPush;          // push: P writes; read: D reads under a lease
-  Duration lease = Duration::Seconds(30);            // read mode: initial lease (P)
-  Duration lease_extension = Duration::Seconds(20);  // read mode: per heartbeat (P)
-  Duration lease_heartbeat = Duration::Seconds(5);   // read mode: heartbeat interval (D)
-  Duration read_margin = Duration::Seconds(5);       // read mode: no read within this of the end (D)
-  Duration abort_timeout = Duration::Seconds(480);
-  Duration giveup_grace = Duration::Seconds(60);
+  TransferTimings timings;                 // abort timeout, grace, read mode's lease times
   Duration heartbeat = Duration::Seconds(1);
   Duration peer_down_after = Duration::Seconds(3);
   Duration peer_dead_after = Duration::Seconds(10);

@@ -21,10 +21,8 @@ RankConnectorOptions ConnectorOptions(const RankActorOptions& o) {
   c.rank = o.rank;
   c.tp = o.tp;
   c.mode = o.mode;
-  c.send = o.send;
-  c.load = o.load;
-  c.lease = o.lease;
-  c.read = o.read;
+  c.ApplyTimings(o.timings);
+  c.send.num_workers = o.num_workers;
   return c;
 }
 
@@ -50,8 +48,8 @@ RankActor::RankActor(const RankActorOptions& options, void* zmq_context,
       sink_(std::move(sink)),
       conn_(ConnectorOptions(options)),
       inbox_(65536),
-      writers_(std::make_unique<WriterPool>(options.send.num_workers,
-                                            size_t{options.send.num_workers} * 4)) {}
+      writers_(std::make_unique<WriterPool>(options.num_workers,
+                                            size_t{options.num_workers} * 4)) {}
 
 RankActor::~RankActor() { Stop(); }
 

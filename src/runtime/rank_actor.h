@@ -106,10 +106,8 @@ struct RankActorOptions {
   std::string listen_host = "127.0.0.1";
   uint16_t ctrl_port = 0;              // P: this rank binds ctrl_port + rank
   KvMode mode = KvMode::kPush;
-  SendTableOptions send;
-  LoadTableOptions load;
-  LeaseTableOptions lease;     // read mode, P
-  ReadLoadTableOptions read;   // read mode, D
+  TransferTimings timings;     // every table's times derive from it
+  uint32_t num_workers = 4;    // writes (reads, in read mode) in flight at once
   // P: a write of at most this many bytes runs on the rank's own thread
   // instead of a worker when it cannot block it: a copy between local
   // mappings (shm), or a tcp frame sent without waiting whose reply the

@@ -99,8 +99,8 @@ SimParams ScenarioParams(const ScenarioPlan& plan, const MatrixConfig& config) {
   p.p_pool_blocks = 96;
   p.d_pool_blocks = 96;
   p.num_workers = 2;
-  p.abort_timeout = Duration::Seconds(480);   // vLLM's default: no case may wait it out
-  p.giveup_grace = Duration::Seconds(60);
+  p.timings.abort_timeout = Duration::Seconds(480);   // vLLM's default: no case may wait it out
+  p.timings.giveup_grace = Duration::Seconds(60);
   p.num_requests = 150;
   p.max_prompt_blocks = 6;
   p.max_output_tokens = 8;
@@ -120,7 +120,7 @@ SimParams ScenarioParams(const ScenarioPlan& plan, const MatrixConfig& config) {
   p.recompute_on_failure = config.recompute_on_failure;
   p.fault_phase = Duration::Zero();
   p.kv_mode = mode;   // the lease's defaults are vLLM's (sim_params.h)
-  p.read_margin = Duration::Seconds(1);
+  p.timings.read_margin = Duration::Seconds(1);
   return p;
 }
 

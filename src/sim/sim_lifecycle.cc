@@ -123,8 +123,8 @@ void Simulator::OnOpDone(uint32_t e, const engine::OpDone& done) {
                         nodes_[e].incarnation});
     }
     random_ops_.erase(r);
-    if (params_.abort_timeout >= Duration::Seconds(60) && params_.partition_pm == 0 &&
-        params_.crash_pm == 0 && took >= params_.abort_timeout) {
+    if (params_.timings.abort_timeout >= Duration::Seconds(60) && params_.partition_pm == 0 &&
+        params_.crash_pm == 0 && took >= params_.timings.abort_timeout) {
       Violation("a lifecycle call on engine " + std::to_string(e) + " took " +
                 std::to_string(took.seconds()) + " s: it waited for a transfer's timeout");
     }

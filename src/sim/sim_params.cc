@@ -33,9 +33,9 @@ SimParams DrawParams(uint64_t seed) {
   p.num_workers = static_cast<uint32_t>(prng.Range(1, 4));
   // Timeouts: sometimes tiny (they fire mid-transfer), sometimes vLLM's.
   switch (prng.Uniform(3)) {
-    case 0: p.abort_timeout = Duration::Milliseconds(prng.Range(5, 60)); break;
-    case 1: p.abort_timeout = Duration::Milliseconds(prng.Range(60, 2000)); break;
-    default: p.abort_timeout = Duration::Seconds(480); break;
+    case 0: p.timings.abort_timeout = Duration::Milliseconds(prng.Range(5, 60)); break;
+    case 1: p.timings.abort_timeout = Duration::Milliseconds(prng.Range(60, 2000)); break;
+    default: p.timings.abort_timeout = Duration::Seconds(480); break;
   }
   p.net_delay_max = Duration::Microseconds(prng.Range(60, 20000));
   p.write_time_max = Duration::Microseconds(prng.Range(100, 10000));
@@ -43,8 +43,8 @@ SimParams DrawParams(uint64_t seed) {
   // grace covers a pull's one-way delay plus a write's duration, so a write
   // P starts before the pull's deadline has landed before D gives up.
   const Duration floor = p.net_delay_max + p.write_time_max + Duration::Milliseconds(1);
-  p.giveup_grace = p.abort_timeout / 8 + Duration::Milliseconds(prng.Range(0, 100));
-  if (p.giveup_grace < floor) p.giveup_grace = floor;
+  p.timings.giveup_grace = p.timings.abort_timeout / 8 + Duration::Milliseconds(prng.Range(0, 100));
+  if (p.timings.giveup_grace < floor) p.timings.giveup_grace = floor;
   p.num_requests = static_cast<uint32_t>(prng.Range(1, 60));
   p.arrival_gap_max = Duration::Milliseconds(prng.Range(1, 30));
   p.step_time = Duration::Microseconds(prng.Range(200, 5000));
@@ -66,22 +66,22 @@ SimParams DrawParams(uint64_t seed) {
   // mid-load and heartbeats race them) to vLLM's 30 s / 20 s / 5 s.
   if (prng.OneIn(3)) {
     p.kv_mode = KvMode::kRead;
-    if (p.abort_timeout >= Duration::Seconds(480) || prng.OneIn(4)) {
-      p.initial_lease = Duration::Seconds(30);
-      p.lease_extension = Duration::Seconds(20);
-      p.heartbeat_interval = Duration::Seconds(5);
+    if (p.timings.abort_timeout >= Duration::Seconds(480) || prng.OneIn(4)) {
+      p.timings.lease = Duration::Seconds(30);
+      p.timings.lease_extension = Duration::Seconds(20);
+      p.timings.lease_heartbeat = Duration::Seconds(5);
     } else {
-      p.lease_extension = Duration::Milliseconds(prng.Range(2, 400));
-      p.initial_lease = p.lease_extension + Duration::Milliseconds(prng.Range(0, 400));
-      p.heartbeat_interval = Duration::Microseconds(
-          prng.Range(200, static_cast<int64_t>(p.lease_extension.ns() / 1000)));
+      p.timings.lease_extension = Duration::Milliseconds(prng.Range(2, 400));
+      p.timings.lease = p.timings.lease_extension + Duration::Milliseconds(prng.Range(0, 400));
+      p.timings.lease_heartbeat = Duration::Microseconds(
+          prng.Range(200, static_cast<int64_t>(p.timings.lease_extension.ns() / 1000)));
     }
     // D heartbeats a load for at most its give-up time: keep that to a
     // few thousand heartbeats per load so a run stays short.
-    const Duration floor_hb = (p.abort_timeout + p.giveup_grace) / 2000;
-    if (p.heartbeat_interval < floor_hb) p.heartbeat_interval = floor_hb;
+    const Duration floor_hb = p.timings.GiveUp() / 2000;
+    if (p.timings.lease_heartbeat < floor_hb) p.timings.lease_heartbeat = floor_hb;
     // The one timing assumption of read mode: D's margin covers a read.
-    p.read_margin = p.write_time_max + Duration::Microseconds(prng.Range(0, 2000));
+    p.timings.read_margin = p.write_time_max + Duration::Microseconds(prng.Range(0, 2000));
   }
   p.fast_abort_pm = prng.OneIn(4) ? 0 : static_cast<uint32_t>(prng.Range(1, 1000));
   p.early_abort_pm = p.fast_abort_pm == 0 ? 0 : Rate(prng, 100);
@@ -105,10 +105,11 @@ std::string SimParams::ToString() const {
       "partition %u policy %s mode %s lease %.3fs/%.3fs hb %.3fs fast_abort %u early %u "
       "queue_wait %.3fs resume %s",
       tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
-      num_workers, abort_timeout.seconds(), giveup_grace.seconds(), num_requests,
+      num_workers, timings.abort_timeout.seconds(), timings.giveup_grace.seconds(), num_requests,
       max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
       partition_pm, recompute_on_failure ? "recompute" : "fail", KvModeName(kv_mode),
-      initial_lease.seconds(), lease_extension.seconds(), heartbeat_interval.seconds(),
+      timings.lease.seconds(), timings.lease_extension.seconds(),
+      timings.lease_heartbeat.seconds(),
       fast_abort_pm, early_abort_pm, max_queue_wait.seconds(),
       resume_waits_for_call ? "after the call" : "any time");
   return buf;

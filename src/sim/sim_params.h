@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/time.h"
+#include "core/transfer_timings.h"
 #include "core/rank_connector.h"
 #include "engine/engine.h"
 
@@ -57,8 +58,8 @@ struct SimParams {
   uint32_t p_pool_blocks = 32;
   uint32_t d_pool_blocks = 32;
   uint32_t num_workers = 2;
-  Duration abort_timeout = Duration::Seconds(480);
-  Duration giveup_grace = Duration::Seconds(60);
+  // abort_timeout, giveup_grace and read mode's lease times (below).
+  TransferTimings timings;
 
   uint32_t num_requests = 20;
   uint32_t max_prompt_blocks = 6;      // of the "tiny" model's 4 tokens
@@ -103,10 +104,7 @@ struct SimParams {
   // Read mode (core/lease_table.h): D reads P's blocks under a lease.
   // Reads take up to write_time_max and fail at write_fail_pm, like writes.
   KvMode kv_mode = KvMode::kPush;
-  Duration initial_lease = Duration::Seconds(30);
-  Duration lease_extension = Duration::Seconds(20);
-  Duration heartbeat_interval = Duration::Seconds(5);
-  Duration read_margin = Duration::Seconds(5);   // >= write_time_max
+  // Read mode's times are in `timings` (read_margin >= write_time_max).
 
   std::string ToString() const;
 };

@@ -139,7 +139,7 @@ void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
       ++rec.answers;
       // Promptly: by the pull's deadline, plus a write that started before
       // it and a timer that ran late.
-      const Instant latest = rec.received + params_.abort_timeout + params_.write_time_max +
+      const Instant latest = rec.received + params_.timings.abort_timeout + params_.write_time_max +
                              params_.timer_late_max;
       if (now_ > latest) {
         Violation("pull " + std::to_string(answer->pull_seq) + " of transfer " +
@@ -309,7 +309,7 @@ void Simulator::BeginRead(uint32_t e, uint32_t r, StartRead read) {
   const uint32_t pe = read.peer.index / kRanksPerEngineSlot;
   const uint32_t pr = read.peer.index % kRanksPerEngineSlot;
   if (nodes_[pe].incarnation == read.peer.generation) {
-    const Instant view = read.deadline + params_.read_margin;
+    const Instant view = read.deadline + params_.timings.read_margin;
     std::optional<Instant> until;
     for (const LeaseView& v : nodes_[pe].ranks[pr]->lease_table()->Leases()) {
       if (v.transfer == read.transfer) until = v.until;

@@ -80,18 +80,9 @@ void Simulator::BuildNode(uint32_t e) {
     o.role = role;
     o.rank = r;
     o.tp = node.tp;
-    o.send.abort_timeout = params_.abort_timeout;
-    o.send.giveup_grace = params_.giveup_grace;
+    o.ApplyTimings(params_.timings);
     o.send.num_workers = params_.num_workers;
-    o.load.abort_timeout = params_.abort_timeout;
-    o.load.giveup_grace = params_.giveup_grace;
     o.mode = params_.kv_mode;
-    o.lease.initial_lease = params_.initial_lease;
-    o.lease.extension = params_.lease_extension;
-    o.lease.tombstone_ttl = params_.abort_timeout + params_.giveup_grace;
-    o.read.heartbeat_interval = params_.heartbeat_interval;
-    o.read.read_margin = params_.read_margin;
-    o.read.giveup = params_.abort_timeout + params_.giveup_grace;
     node.ranks.push_back(std::make_unique<RankConnector>(o));
   }
   node.timer_at.assign(node.tp, std::nullopt);
@@ -139,13 +130,13 @@ SimResult Simulator::Run() {
   // A request's own work: a step per prompt token at worst, one per output.
   const Duration work =
       params_.step_time * (params_.max_prompt_blocks * 4 + params_.max_output_tokens + 16);
-  Duration period = params_.abort_timeout + params_.giveup_grace + work;
+  Duration period = params_.timings.GiveUp() + work;
   if (params_.kv_mode == KvMode::kRead) {
     // A lost notice costs a lease instead: P holds until the lease runs
     // out — the initial one, or the last heartbeat's extension, and D
     // heartbeats no longer than its give-up time.
-    period = std::max(params_.initial_lease, params_.abort_timeout + params_.giveup_grace) +
-             params_.lease_extension + work;
+    period = std::max(params_.timings.lease, params_.timings.GiveUp()) +
+             params_.timings.lease_extension + work;
   }
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
