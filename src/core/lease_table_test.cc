@@ -11,9 +11,9 @@ namespace {
 const TransferId kT{0x1234, 0x5678};
 const TransferId kU{0x9999, 0x1111};
 // D engine 1's ranks 0 and 1, and a rank of engine 2.
-const PeerId kD0{1 * kPeerRanksPerEngine + 0, 1};
-const PeerId kD1{1 * kPeerRanksPerEngine + 1, 1};
-const PeerId kOther{2 * kPeerRanksPerEngine + 0, 1};
+const PeerId kD0 = PeerAddress{1, 0, 1}.Id();
+const PeerId kD1 = PeerAddress{1, 1, 1}.Id();
+const PeerId kOther = PeerAddress{2, 0, 1}.Id();
 
 Instant At(int64_t ms) { return Instant::Epoch() + Duration::Milliseconds(ms); }
 

@@ -14,8 +14,8 @@ namespace kvrelay {
 namespace {
 
 constexpr uint32_t kPEngine = 5;
-const PeerId kP{kPEngine * kPeerRanksPerEngine, 1};        // P engine 5, rank 0, incarnation 1
-const PeerId kPNext{kPEngine * kPeerRanksPerEngine, 2};    // its next incarnation
+const PeerId kP = PeerAddress{kPEngine, 0, 1}.Id();       // P engine 5, rank 0, incarnation 1
+const PeerId kPNext = PeerAddress{kPEngine, 0, 2}.Id();   // its next incarnation
 
 RankConnector Consumer() {
   RankConnectorOptions o;

@@ -97,10 +97,6 @@
 
 namespace kvrelay {
 
-// Peer ids on the wire are engine id × this + rank (runtime and simulator
-// agree); the send table needs the engine to bind a transfer to one D engine.
-inline constexpr uint32_t kPeerRanksPerEngine = 8;
-inline uint32_t PeerEngineOf(PeerId peer) { return peer.index / kPeerRanksPerEngine; }
 // Claim()'s "no D engine named yet": the first D engine to pull binds it.
 inline constexpr uint32_t kAnyConsumerEngine = UINT32_MAX;
 

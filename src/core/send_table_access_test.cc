@@ -15,7 +15,7 @@ constexpr TransferId kT{0x1234, 0x5678};
 const Instant kT0 = Instant::FromNanos(1'000'000'000);
 
 PeerId Rank(uint32_t engine, uint32_t rank) {
-  return PeerId{engine * kPeerRanksPerEngine + rank, 1};
+  return PeerAddress{engine, rank, 1}.Id();
 }
 
 std::vector<AnswerPull> Answers(SendTable& t) {

@@ -634,7 +634,8 @@ void RankActor::Pump() {
 void RankActor::SendOut(OutMessage out) {
   if (auto* pull = std::get_if<PullMsg>(&out.msg)) {
     // D → P.
-    const uint32_t engine = out.to.index / kRanksPerEngine, rank = out.to.index % kRanksPerEngine;
+    const PeerAddress to = PeerAddress::Of(out.to);
+    const uint32_t engine = to.engine, rank = to.rank;
     auto it = conns_.find({engine, rank});
     if (it == conns_.end() || !it->second.known || it->second.peer != out.to) {
       ++counters_.unroutable;  // that P incarnation is gone; the core knows
@@ -664,7 +665,8 @@ void RankActor::SendOut(OutMessage out) {
   }
   if (std::holds_alternative<LeaseMsg>(out.msg) || std::holds_alternative<NoticeMsg>(out.msg)) {
     // D → P, read mode.
-    auto it = conns_.find({out.to.index / kRanksPerEngine, out.to.index % kRanksPerEngine});
+    const PeerAddress to = PeerAddress::Of(out.to);
+    auto it = conns_.find({to.engine, to.rank});
     if (it == conns_.end() || !it->second.known || it->second.peer != out.to) {
       ++counters_.unroutable;
       return;

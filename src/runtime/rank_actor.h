@@ -92,8 +92,6 @@
 
 namespace kvrelay::runtime {
 
-// Peer ids on the wire: engine id × this + rank.
-inline constexpr uint32_t kRanksPerEngine = 8;
 
 struct RankActorOptions {
   uint32_t engine_id = 0;

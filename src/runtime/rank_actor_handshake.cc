@@ -106,7 +106,7 @@ void RankActor::OnHandshakeFromD(const std::string& identity, const HandshakeMsg
                 (why.empty() ? "peer is prefill-only" : why));
     return;
   }
-  const PeerId peer{hs.engine_id * kRanksPerEngine + hs.rank, hs.incarnation};
+  const PeerId peer = PeerAddress{hs.engine_id, hs.rank, hs.incarnation}.Id();
   auto it = dpeers_.find(peer.index);
   if (it != dpeers_.end() && it->second.peer.generation > peer.generation) {
     ++counters_.handshake_refused;  // an old incarnation, still talking
@@ -186,7 +186,7 @@ void RankActor::OnHandshakeFromP(Conn& c, const HandshakeMsg& hs) {
     return;
   }
   const Instant now = MonoNow();
-  const PeerId peer{hs.engine_id * kRanksPerEngine + hs.rank, hs.incarnation};
+  const PeerId peer = PeerAddress{hs.engine_id, hs.rank, hs.incarnation}.Id();
   if (c.known && peer.generation < c.peer.generation) return;  // stale
   c.closed_lane_pid = 0;  // a P that answers is alive
   if (!c.known || peer.generation > c.peer.generation) {

@@ -51,7 +51,8 @@ bool BlocksFit(const std::vector<BlockId>& src, uint32_t src_pool,
 }  // namespace
 
 void RankActor::StartReadJob(StartRead r) {
-  auto it = conns_.find({r.peer.index / kRanksPerEngine, r.peer.index % kRanksPerEngine});
+  const PeerAddress at = PeerAddress::Of(r.peer);
+  auto it = conns_.find({at.engine, at.rank});
   if (it == conns_.end() || !it->second.known || it->second.peer != r.peer ||
       it->second.source == nullptr) {
     deferred_read_done_.emplace_back(r.read, false);  // gone, or not readable

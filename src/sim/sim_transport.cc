@@ -83,7 +83,7 @@ uint64_t PullKey(uint32_t p_engine, uint32_t p_inc, uint32_t p_rank, PeerId d,
 }  // namespace
 
 uint64_t Simulator::ConnKey(uint32_t e1, uint32_t r1, uint32_t e2, uint32_t r2) const {
-  uint32_t a = e1 * kRanksPerEngineSlot + r1, b = e2 * kRanksPerEngineSlot + r2;
+  uint32_t a = PeerAddress{e1, r1, 0}.Id().index, b = PeerAddress{e2, r2, 0}.Id().index;
   if (a > b) std::swap(a, b);
   return (uint64_t{a} << 32) | b;
 }
@@ -109,8 +109,8 @@ void Simulator::ReconnectEngines(uint32_t p, uint32_t d) {
 }
 
 void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
-  const uint32_t te = out.to.index / kRanksPerEngineSlot;
-  const uint32_t tr = out.to.index % kRanksPerEngineSlot;
+  const uint32_t te = PeerAddress::Of(out.to).engine;
+  const uint32_t tr = PeerAddress::Of(out.to).rank;
   KV_CHECK_LT(te, nodes_.size());
   if (const auto* answer = std::get_if<AnswerMsg>(&out.msg)) {
     const uint64_t key = PullKey(e, nodes_[e].incarnation, r, out.to, answer->pull_seq,
@@ -175,7 +175,7 @@ void Simulator::SendMessage(uint32_t e, uint32_t r, OutMessage out) {
   Instant at = now_ + params_.net_delay_min +
                Duration::Nanoseconds(static_cast<int64_t>(prng_.Uniform(span.ns() + 1)));
   // FIFO within a connection direction, as with TCP/ZeroMQ.
-  const uint64_t dir = conn ^ (uint64_t{e * kRanksPerEngineSlot + r} << 20);
+  const uint64_t dir = conn ^ (uint64_t{PeerAddress{e, r, 0}.Id().index} << 20);
   Instant& last = conn_last_delivery_[dir];
   at = std::max(at, last);
   last = at;
@@ -193,7 +193,7 @@ void Simulator::Deliver(uint32_t slot) {
   Node& to = nodes_[m.to_engine];
   if (m.to_incarnation != to.incarnation) return;          // receiver died
   RankConnector& rank = *to.ranks[m.to_rank];
-  const PeerId from{m.from_engine * kRanksPerEngineSlot + m.from_rank, m.from_incarnation};
+  const PeerId from = PeerAddress{m.from_engine, m.from_rank, m.from_incarnation}.Id();
   const uint64_t stale_before = rank.stats().stale_incarnation;
   const auto* pull = std::get_if<PullMsg>(&m.msg);
   rank.OnMessage(from, m.msg, now_);
@@ -223,8 +223,8 @@ void Simulator::BeginWrite(uint32_t e, uint32_t r, StartWrite w) {
   wr.p_engine = e;
   wr.p_rank = r;
   wr.p_incarnation = nodes_[e].incarnation;
-  wr.d_engine = w.peer.index / kRanksPerEngineSlot;
-  wr.d_rank = w.peer.index % kRanksPerEngineSlot;
+  wr.d_engine = PeerAddress::Of(w.peer).engine;
+  wr.d_rank = PeerAddress::Of(w.peer).rank;
   wr.d_incarnation = w.peer.generation;
   wr.fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
   wr.garbage = wr.fail && prng_.Chance(params_.write_partial_pm, 1000);
@@ -306,8 +306,8 @@ void Simulator::BeginRead(uint32_t e, uint32_t r, StartRead read) {
   // the transfer that runs at least that long — checked when the read
   // starts, not only if P happens to free the blocks before it lands. (A
   // dead P incarnation's lease died with it; that read fails unlanded.)
-  const uint32_t pe = read.peer.index / kRanksPerEngineSlot;
-  const uint32_t pr = read.peer.index % kRanksPerEngineSlot;
+  const uint32_t pe = PeerAddress::Of(read.peer).engine;
+  const uint32_t pr = PeerAddress::Of(read.peer).rank;
   if (nodes_[pe].incarnation == read.peer.generation) {
     const Instant view = read.deadline + params_.timings.read_margin;
     std::optional<Instant> until;
@@ -334,8 +334,8 @@ void Simulator::BeginRead(uint32_t e, uint32_t r, StartRead read) {
   rd.d_engine = e;
   rd.d_rank = r;
   rd.d_incarnation = nodes_[e].incarnation;
-  rd.p_engine = read.peer.index / kRanksPerEngineSlot;
-  rd.p_rank = read.peer.index % kRanksPerEngineSlot;
+  rd.p_engine = PeerAddress::Of(read.peer).engine;
+  rd.p_rank = PeerAddress::Of(read.peer).rank;
   rd.p_incarnation = read.peer.generation;
   rd.fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
   rd.garbage = rd.fail && prng_.Chance(params_.write_partial_pm, 1000);

@@ -90,7 +90,7 @@ void Simulator::BuildNode(uint32_t e) {
 }
 
 PeerId Simulator::PeerOf(uint32_t engine, uint32_t rank) const {
-  return PeerId{engine * kRanksPerEngineSlot + rank, nodes_[engine].incarnation};
+  return PeerAddress{engine, rank, nodes_[engine].incarnation}.Id();
 }
 
 // Models the connection handshake: D ranks learn every P rank's current

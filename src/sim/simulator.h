@@ -58,8 +58,6 @@
 
 namespace kvrelay::sim {
 
-// PeerId.index of rank r of engine e in the simulator: e * 8 + r.
-inline constexpr uint32_t kRanksPerEngineSlot = 8;
 
 // Takes a free slot of `slab` (reusing one from `free`, else appending).
 template <typename T>
