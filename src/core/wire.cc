@@ -2,74 +2,15 @@
 
 #include <cstring>
 
+#include "base/byte_codec.h"
 #include "base/check.h"
 
 namespace kvrelay {
 
 namespace {
 
-class Writer {
- public:
-  explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
-  void U8(uint8_t v) { out_->push_back(v); }
-  void U16(uint16_t v) { Raw(&v, 2); }
-  void U32(uint32_t v) { Raw(&v, 4); }
-  void U64(uint64_t v) { Raw(&v, 8); }
-  void Bytes(std::span<const uint8_t> b) { out_->insert(out_->end(), b.begin(), b.end()); }
-
- private:
-  void Raw(const void* p, size_t n) {  // little-endian hosts only (x86, arm)
-    const auto* b = static_cast<const uint8_t*>(p);
-    out_->insert(out_->end(), b, b + n);
-  }
-  std::vector<uint8_t>* out_;
-};
-
-// Bounds-checked reads: a read past the end sets `bad` and yields zero.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  uint8_t U8() { return Get<uint8_t>(); }
-  uint16_t U16() { return Get<uint16_t>(); }
-  uint32_t U32() { return Get<uint32_t>(); }
-  uint64_t U64() { return Get<uint64_t>(); }
-  bool Take(size_t n, std::vector<uint8_t>* out) {
-    if (bad_ || in_.size() - pos_ < n) return Fail();
-    out->assign(in_.begin() + static_cast<std::ptrdiff_t>(pos_),
-                in_.begin() + static_cast<std::ptrdiff_t>(pos_ + n));
-    pos_ += n;
-    return true;
-  }
-  template <size_t N>
-  bool Fixed(std::array<uint8_t, N>* out) {
-    if (bad_ || in_.size() - pos_ < N) return Fail();
-    std::memcpy(out->data(), in_.data() + pos_, N);
-    pos_ += N;
-    return true;
-  }
-  size_t left() const { return in_.size() - pos_; }
-  bool bad() const { return bad_; }
-
- private:
-  template <typename T>
-  T Get() {
-    T v{};
-    if (bad_ || in_.size() - pos_ < sizeof(T)) {
-      Fail();
-      return v;
-    }
-    std::memcpy(&v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-  bool Fail() {
-    bad_ = true;
-    return false;
-  }
-  std::span<const uint8_t> in_;
-  size_t pos_ = 0;
-  bool bad_ = false;
-};
+using Writer = ByteWriter;
+using Reader = ByteReader;   // a read past the end sets bad() and yields zero
 
 void PutTransfer(Writer& w, TransferId t) {
   w.U64(t.hi);

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/byte_codec.h"
 #include "base/check.h"
 #include "base/mutex.h"
 
@@ -83,67 +84,12 @@ std::atomic_ref<uint64_t> LivenessWord(Mapping& m) {
 // ---------------------------------------------------------------------------
 // Registration codec.
 
-uint64_t Fnv1a64(const uint8_t* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
+// A length-prefixed blob of at most kUcxMaxBlobBytes (never empty).
+bool ReadBlob(ByteReader& rd, std::vector<uint8_t>* out) {
+  const uint32_t len = rd.U32();
+  return !rd.bad() && len != 0 && len <= kUcxMaxBlobBytes && len <= rd.left() &&
+         rd.Take(len, out);
 }
-
-class Writer {
- public:
-  void U32(uint32_t v) { Le(v, 4); }
-  void U64(uint64_t v) { Le(v, 8); }
-  void Bytes(const std::vector<uint8_t>& b) {
-    U32(static_cast<uint32_t>(b.size()));
-    out_.insert(out_.end(), b.begin(), b.end());
-  }
-  std::vector<uint8_t>& out() { return out_; }
-
- private:
-  void Le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  std::vector<uint8_t> out_;
-};
-
-// Bounds-checked reader: every read fails (returns false) past the end.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  bool U32(uint32_t* v) {
-    uint64_t x;
-    if (!Le(4, &x)) return false;
-    *v = static_cast<uint32_t>(x);
-    return true;
-  }
-  bool U64(uint64_t* v) { return Le(8, v); }
-  bool Blob(std::vector<uint8_t>* out) {
-    uint32_t len;
-    if (!U32(&len) || len == 0 || len > kUcxMaxBlobBytes || len > in_.size() - pos_) {
-      return false;
-    }
-    out->assign(in_.begin() + pos_, in_.begin() + pos_ + len);
-    pos_ += len;
-    return true;
-  }
-  size_t pos() const { return pos_; }
-  size_t remaining() const { return in_.size() - pos_; }
-
- private:
-  bool Le(size_t n, uint64_t* v) {
-    if (in_.size() - pos_ < n) return false;
-    uint64_t x = 0;
-    for (size_t i = 0; i < n; ++i) x |= static_cast<uint64_t>(in_[pos_ + i]) << (8 * i);
-    pos_ += n;
-    *v = x;
-    return true;
-  }
-  std::span<const uint8_t> in_;
-  size_t pos_ = 0;
-};
 
 // layout.bytes() without overflow; false if it overflows.
 bool LayoutBytes(const RegionLayout& layout, uint64_t* out) {
@@ -162,7 +108,8 @@ struct Registration {
 };
 
 std::vector<uint8_t> EncodeRegistration(const Registration& r) {
-  Writer w;
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
   w.U32(kUcxRegistrationMagic);
   w.U32(kUcxRegistrationVersion);
   w.U64(r.remote_address);
@@ -170,12 +117,12 @@ std::vector<uint8_t> EncodeRegistration(const Registration& r) {
   w.U64(r.layout.planes);
   w.U32(r.layout.num_blocks);
   w.U64(r.layout.block_stride_bytes);
-  w.Bytes(r.worker_address);
-  w.Bytes(r.rkey);
-  std::vector<uint8_t>& out = w.out();
-  uint64_t sum = Fnv1a64(out.data(), out.size());
-  w.U64(sum);
-  return std::move(w.out());
+  for (const std::vector<uint8_t>* blob : {&r.worker_address, &r.rkey}) {
+    w.U32(static_cast<uint32_t>(blob->size()));
+    w.Bytes(*blob);
+  }
+  w.U64(Fnv1a64(out));
+  return out;
 }
 
 Status DecodeRegistration(std::span<const uint8_t> in, Registration* r) {
@@ -187,23 +134,26 @@ Status DecodeRegistration(std::span<const uint8_t> in, Registration* r) {
   constexpr size_t kMaxBytes = kMinBytes - 2 + 2 * kUcxMaxBlobBytes;
   if (in.size() < kMinBytes) return bad("truncated (" + std::to_string(in.size()) + " bytes)");
   if (in.size() > kMaxBytes) return bad("oversized (" + std::to_string(in.size()) + " bytes)");
-  Reader rd(in);
-  uint32_t magic = 0, version = 0;
-  if (!rd.U32(&magic) || magic != kUcxRegistrationMagic) return bad("bad magic");
-  if (!rd.U32(&version) || version != kUcxRegistrationVersion) {
+  ByteReader rd(in);
+  const uint32_t magic = rd.U32();
+  if (rd.bad() || magic != kUcxRegistrationMagic) return bad("bad magic");
+  const uint32_t version = rd.U32();
+  if (rd.bad() || version != kUcxRegistrationVersion) {
     return bad("unsupported version " + std::to_string(version));
   }
-  if (!rd.U64(&r->remote_address) || !rd.U64(&r->total_bytes) || !rd.U64(&r->layout.planes) ||
-      !rd.U32(&r->layout.num_blocks) || !rd.U64(&r->layout.block_stride_bytes)) {
-    return bad("truncated header");
-  }
-  if (!rd.Blob(&r->worker_address)) return bad("bad worker address length");
-  if (!rd.Blob(&r->rkey)) return bad("bad rkey length");
-  size_t summed = rd.pos();
-  uint64_t sum = 0;
-  if (!rd.U64(&sum)) return bad("truncated checksum");
-  if (rd.remaining() != 0) return bad("trailing bytes");
-  if (sum != Fnv1a64(in.data(), summed)) return bad("checksum mismatch");
+  r->remote_address = rd.U64();
+  r->total_bytes = rd.U64();
+  r->layout.planes = rd.U64();
+  r->layout.num_blocks = rd.U32();
+  r->layout.block_stride_bytes = rd.U64();
+  if (rd.bad()) return bad("truncated header");
+  if (!ReadBlob(rd, &r->worker_address)) return bad("bad worker address length");
+  if (!ReadBlob(rd, &r->rkey)) return bad("bad rkey length");
+  const size_t summed = rd.pos();
+  const uint64_t sum = rd.U64();
+  if (rd.bad()) return bad("truncated checksum");
+  if (!rd.AtEnd()) return bad("trailing bytes");
+  if (sum != Fnv1a64(in.first(summed))) return bad("checksum mismatch");
 
   uint64_t layout_bytes = 0;
   if (!LayoutBytes(r->layout, &layout_bytes) || layout_bytes != r->total_bytes) {

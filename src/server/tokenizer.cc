@@ -11,15 +11,6 @@ bool IsAsciiSpace(char c) {
 
 }  // namespace
 
-uint64_t Fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : bytes) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 std::vector<engine::Token> Tokenize(std::string_view text, uint32_t vocab) {
   KV_CHECK_GE(vocab, 2u);
   std::vector<engine::Token> out;

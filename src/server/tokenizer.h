@@ -21,12 +21,10 @@
 #include <string_view>
 #include <vector>
 
+#include "base/byte_codec.h"   // Fnv1a64
 #include "engine/model.h"
 
 namespace kvrelay::server {
-
-// FNV-1a, 64 bit, of `bytes`.
-uint64_t Fnv1a64(std::string_view bytes);
 
 // REQUIRES: vocab >= 2. Every id is in [1, vocab). Empty or all-whitespace
 // text gives no tokens.

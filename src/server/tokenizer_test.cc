@@ -12,13 +12,6 @@ namespace {
 
 using engine::Token;
 
-TEST(TokenizerTest, Fnv1a64KnownVectors) {
-  // Published FNV-1a 64 test vectors.
-  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ull);
-  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cull);
-  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ull);
-}
-
 TEST(TokenizerTest, WordsMapToFnvModVocab) {
   // FNV-1a-64("hello") % 31999 + 1 = 29604, ("world") → 19681.
   EXPECT_EQ(Tokenize("hello world", 32000), (std::vector<Token>{29604, 19681}));
