@@ -175,7 +175,6 @@ void Connection::OnReadable(const error_code& ec) {
   if (rec == asio::error::eof) {
     peer_eof_ = true;
     if (!http11_) return ClientGone();
-    probing_ = true;
     return Probe();
   }
   ClientGone();
@@ -261,7 +260,6 @@ void Connection::OnRequest() {
   ++seq_;
   phase_ = Phase::kHandling;
   resp_ = Resp::kNone;
-  probing_ = false;
   exchange_ = std::make_shared<ExchangeHandle>(weak_from_this(), seq_, host_->liveness());
   Watch();
   host_->Dispatch(std::move(req), exchange_);
@@ -375,7 +373,6 @@ void Connection::OnWritten(const error_code& ec, size_t n) {
 void Connection::ResponseWritten() {
   exchange_.reset();
   probe_timer_.cancel();
-  probing_ = false;
   if (!keep_alive_ || peer_eof_ || host_->stopping()) return Linger();
   WaitIdle();
 }

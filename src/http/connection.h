@@ -139,7 +139,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool chunked_ = false;        // the streamed response is chunked
   bool watching_ = false;       // an async_wait for readable is pending
   bool peer_eof_ = false;       // the client's sending side ended
-  bool probing_ = false;
   bool gone_ = false;
   bool closed_ = false;
   bool lingering_ = false;

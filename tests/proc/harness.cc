@@ -425,8 +425,18 @@ HttpReply Engine::Post(const std::string& path, const json& body,
 
 HttpReply Engine::PostRaw(const std::string& path, const std::string& body,
                           const std::string& content_type, std::chrono::milliseconds timeout) {
+  return PostOn(http_port_, path, body, content_type, timeout);
+}
+
+HttpReply Engine::Get(const std::string& path, std::chrono::milliseconds timeout) {
+  return GetOn(http_port_, path, timeout);
+}
+
+std::string UrlOf(uint16_t port) { return "http://127.0.0.1:" + std::to_string(port); }
+
+HttpReply PostOn(uint16_t port, const std::string& path, const std::string& body,
+                 const std::string& content_type, std::chrono::milliseconds timeout) {
   const auto t0 = Clock::now();
-  // A total deadline, not only one on silence: a stream may keep writing.
   const auto deadline = t0 + timeout;
   http::ClientRequest req;
   req.method = "POST";
@@ -440,8 +450,7 @@ HttpReply Engine::PostRaw(const std::string& path, const std::string& body,
     return Clock::now() < deadline;
   };
   Result<http::ClientResponse> r =
-      http::Fetch("http://127.0.0.1:" + std::to_string(http_port_), std::move(req),
-                  OptionsFor(timeout), std::move(sink));
+      http::Fetch(UrlOf(port), std::move(req), OptionsFor(timeout), std::move(sink));
   HttpReply out = FromResult(r, t0);
   if (r.ok() && r->status == 200) {
     out.raw = std::move(received);
@@ -451,12 +460,6 @@ HttpReply Engine::PostRaw(const std::string& path, const std::string& body,
   }
   return out;
 }
-
-HttpReply Engine::Get(const std::string& path, std::chrono::milliseconds timeout) {
-  return GetOn(http_port_, path, timeout);
-}
-
-std::string UrlOf(uint16_t port) { return "http://127.0.0.1:" + std::to_string(port); }
 
 HttpReply GetOn(uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
   const auto t0 = Clock::now();

@@ -206,6 +206,12 @@ json PlainBody(const std::vector<engine::Token>& prompt, uint32_t n);
 // "http://127.0.0.1:<port>".
 std::string UrlOf(uint16_t port);
 
+// POST `body` on 127.0.0.1:port, bounded in total by `timeout` (a stream
+// may keep writing, so a bound on silence alone is not enough).
+HttpReply PostOn(uint16_t port, const std::string& path, const std::string& body,
+                 const std::string& content_type = "application/json",
+                 std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
 // GET on 127.0.0.1:port.
 HttpReply GetOn(uint16_t port, const std::string& path,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));

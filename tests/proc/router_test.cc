@@ -54,57 +54,12 @@ double SecondsSince(Clock::time_point t0) {
 
 // --- HTTP to the router ------------------------------------------------------------
 
-// POST with a bound on the whole call (a stream may keep writing, so a
-// bound on silence alone is not enough).
 HttpReply HttpPost(uint16_t port, const std::string& path, const std::string& body,
                    std::chrono::milliseconds timeout = 30s) {
-  const auto t0 = Clock::now();
-  const auto deadline = t0 + timeout;
-  http::ClientRequest req;
-  req.method = "POST";
-  req.target = path;
-  req.body = body;
-  std::string received;
-  http::ClientSink sink;
-  sink.on_data = [&](std::string_view data) {
-    received.append(data);
-    return Clock::now() < deadline;
-  };
-  Result<http::ClientResponse> r = http::Fetch(
-      "http://127.0.0.1:" + std::to_string(port), std::move(req),
-      http::ClientOptions::Timeouts(Duration::Seconds(5), Duration::Milliseconds(timeout.count())),
-      std::move(sink));
-  HttpReply out;
-  out.seconds = SecondsSince(t0);
-  out.body = json::value_t::discarded;
-  if (!r.ok()) {
-    out.error = r.status().message();
-    if (Clock::now() >= deadline) out.error += " (gave up after the test's bound)";
-    return out;
-  }
-  out.status = r->status;
-  out.raw = r->status == 200 ? std::move(received) : r->body;
-  out.body = json::parse(out.raw, nullptr, false);
-  return out;
+  return PostOn(port, path, body, "application/json", timeout);
 }
 
-HttpReply HttpGet(uint16_t port, const std::string& path) {
-  const auto t0 = Clock::now();
-  Result<http::ClientResponse> r =
-      http::Get("http://127.0.0.1:" + std::to_string(port), path,
-                http::ClientOptions::Timeouts(Duration::Seconds(5), Duration::Seconds(10)));
-  HttpReply out;
-  out.seconds = SecondsSince(t0);
-  out.body = json::value_t::discarded;
-  if (!r.ok()) {
-    out.error = r.status().message();
-    return out;
-  }
-  out.status = r->status;
-  out.raw = r->body;
-  out.body = json::parse(out.raw, nullptr, false);
-  return out;
-}
+HttpReply HttpGet(uint16_t port, const std::string& path) { return GetOn(port, path); }
 
 // What a client of the router got, read the way an OpenAI client reads it.
 struct Answer {
