@@ -324,10 +324,13 @@ std::vector<LoadView> LoadTable::Loads() const {
   out.reserve(by_transfer_.size());
   for (const Load& l : loads_) {
     if (!l.used) continue;
-    out.push_back(LoadView{l.request, l.transfer, l.started,
-                           static_cast<uint32_t>(l.producers.size()), l.unanswered,
-                           static_cast<uint32_t>(l.dst.size()), l.failed, l.released,
-                           l.cut_short});
+    LoadView& v = out.emplace_back(LoadView{l.request, l.transfer, l.started,
+                                            static_cast<uint32_t>(l.producers.size()),
+                                            l.unanswered, static_cast<uint32_t>(l.dst.size()),
+                                            l.failed, l.released, l.cut_short, {}});
+    for (const Producer& p : l.producers) {
+      if (!p.answered) v.waiting_on.push_back(p.peer);
+    }
   }
   return out;
 }

@@ -141,6 +141,7 @@ struct LoadView {
   bool failed = false;
   bool released = false;
   bool cut_short = false;
+  std::vector<PeerId> waiting_on;  // the producers that have not answered
 };
 
 // The checks every load start makes, whatever the mode: 1..max_producers

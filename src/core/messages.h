@@ -55,10 +55,14 @@ enum class ReadNotice : uint8_t {
 };
 const char* ReadNoticeName(ReadNotice notice);
 
-// D rank → P rank. An item with no blocks is a release.
+// D rank → P rank. An item with no blocks is a release. `to_incarnation`:
+// the P process it is meant for (its handshake's incarnation): a restarted
+// P listens at the same address and must not take (and write for) a pull
+// its previous life was sent, which D has already failed.
 struct PullMsg {
   uint64_t pull_seq = 0;
   std::vector<PullItem> items;
+  uint32_t to_incarnation = 0;
   bool operator==(const PullMsg&) const = default;
 };
 

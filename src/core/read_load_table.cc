@@ -399,7 +399,11 @@ std::vector<LoadView> ReadLoadTable::Loads() const {
     v.transfer = l.transfer;
     v.started = l.started;
     v.producers = static_cast<uint32_t>(l.producers.size());
-    for (const Producer& p : l.producers) v.unanswered += p.state != PState::kFinished ? 1 : 0;
+    for (const Producer& p : l.producers) {
+      if (p.state == PState::kFinished) continue;
+      ++v.unanswered;
+      v.waiting_on.push_back(p.peer);
+    }
     v.blocks = static_cast<uint32_t>(l.dst.size());
     v.failed = l.failed;
     v.released = l.released;

@@ -29,6 +29,12 @@ struct TransferTimings {
   Duration lease_extension = Duration::Seconds(20);
   Duration lease_heartbeat = Duration::Seconds(5);
   Duration read_margin = Duration::Seconds(5);
+  // The control channel (core/rank_session.h): D's hello to each P rank
+  // every `heartbeat`; a P rank silent past peer_down_after is down, past
+  // peer_dead_after gone (its loads fail).
+  Duration heartbeat = Duration::Seconds(1);
+  Duration peer_down_after = Duration::Seconds(3);
+  Duration peer_dead_after = Duration::Seconds(10);
 
   // When D gives up on a transfer, counted from its pull (or first
   // heartbeat): P's tombstones and leases outlive it.

@@ -44,6 +44,7 @@ void EncodePayload(Writer& w, const HandshakeMsg& m) {
 }
 void EncodePayload(Writer& w, const PullMsg& m) {
   w.U64(m.pull_seq);
+  w.U32(m.to_incarnation);
   w.U32(static_cast<uint32_t>(m.items.size()));
   for (const PullItem& item : m.items) {
     PutTransfer(w, item.transfer);
@@ -137,6 +138,7 @@ Result<WireMessage> DecodeHandshake(Reader& r, const WireLimits& limits) {
 Result<WireMessage> DecodePull(Reader& r, const WireLimits& limits) {
   PullMsg m;
   m.pull_seq = r.U64();
+  m.to_incarnation = r.U32();
   const uint32_t count = r.U32();
   if (r.bad()) return Truncated("pull");
   if (count > limits.max_items_per_pull) {

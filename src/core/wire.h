@@ -11,7 +11,7 @@
 // Types: 1 handshake, 2 pull, 3 answer, 4 heartbeat. Version 2 added the
 // handshake's nonce, echo and mac (64 bytes); version 3 the answer's first
 // token (core/first_token.h); version 4 the result kReset and a revoke's
-// reason. A decoder accepts only
+// reason; version 5 the pull's to_incarnation. A decoder accepts only
 // its own version; every count and length is checked against WireLimits
 // before anything is read or allocated; trailing bytes are an error.
 //
@@ -33,8 +33,9 @@
 namespace kvrelay {
 
 inline constexpr uint32_t kWireMagic = 0x4C52564B;  // "KVRL" in memory order
-inline constexpr uint16_t kWireVersion = 4;  // 2: handshake auth; 3: answer's first token;
-                                             // 4: result kReset, the revoke's reason
+inline constexpr uint16_t kWireVersion = 5;  // 2: handshake auth; 3: answer's first token;
+                                             // 4: result kReset, the revoke's reason;
+                                             // 5: the pull's to_incarnation
 inline constexpr size_t kWireHeaderBytes = 12;
 
 enum class WireType : uint16_t {

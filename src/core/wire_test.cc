@@ -171,8 +171,22 @@ TEST(WireTest, HugeCountsAreRefusedCheaply) {
   p.pull_seq = 1;
   std::vector<uint8_t> frame = EncodeWire(p);
   const uint32_t lie = 4000;  // under the limit, far over the bytes present
-  std::memcpy(frame.data() + kWireHeaderBytes + 8, &lie, 4);
+  // The item count follows pull_seq (u64) and to_incarnation (u32).
+  std::memcpy(frame.data() + kWireHeaderBytes + 12, &lie, 4);
   EXPECT_FALSE(DecodeWire(frame, {}).ok());
+}
+
+// A pull names the P incarnation it is for (version 5): a restarted P tells
+// its predecessor's pulls from its own.
+TEST(WireTest, APullCarriesItsPIncarnation) {
+  PullMsg p;
+  p.pull_seq = 6;
+  p.to_incarnation = 0xC0FFEE;
+  p.items.push_back(PullItem{TransferId{1, 2}, {BlockId{3, 4}}, 5, 6});
+  Result<WireMessage> back = DecodeWire(EncodeWire(p), {});
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(std::get<PullMsg>(*back), p);
+  EXPECT_EQ(std::get<PullMsg>(*back).to_incarnation, 0xC0FFEEu);
 }
 
 TEST(WireTest, RandomBytesNeverCrash) {
