@@ -164,7 +164,7 @@ int RunServe(const ServeCliOptions& o) {
   no.transport_options.ucx_tls = o.ucx_tls;
   no.timings.abort_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.abort_timeout_s * 1e9));
   no.timings.giveup_grace = Duration::Nanoseconds(static_cast<int64_t>(o.giveup_grace_s * 1e9));
-  no.peer_dead_after = Duration::Nanoseconds(static_cast<int64_t>(o.peer_dead_after_s * 1e9));
+  no.timings.peer_dead_after = Duration::Nanoseconds(static_cast<int64_t>(o.peer_dead_after_s * 1e9));
   no.write_faults = o.write_faults;
   if (!ParseKvMode(o.kv_mode, &no.kv_mode)) {
     std::fprintf(stderr, "kvrelay serve: --kv-mode must be push or read, not '%s'\n",

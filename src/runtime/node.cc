@@ -108,9 +108,6 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
       ro.inline_write_bytes = options.inline_write_bytes;
       ro.local_lane = options.local_lane;
       ro.mode = options.kv_mode;
-      ro.heartbeat = options.heartbeat;
-      ro.peer_down_after = options.peer_down_after;
-      ro.peer_dead_after = options.peer_dead_after;
       ro.auth_token = options.auth_token;
       ro.thread_nice = nice;
       ro.thread_slice_us = slice_us;

@@ -40,10 +40,7 @@ struct NodeOptions {
   uint64_t inline_write_bytes = 1 << 20;   // shm: smaller writes run on the rank's thread
   bool local_lane = true;                  // same-host control frames on a Unix socket
   KvMode kv_mode = KvMode::kPush;          // push: P writes; read: D reads under a lease
-  TransferTimings timings;                 // abort timeout, grace, read mode's lease times
-  Duration heartbeat = Duration::Seconds(1);
-  Duration peer_down_after = Duration::Seconds(3);
-  Duration peer_dead_after = Duration::Seconds(10);
+  TransferTimings timings;                 // abort timeout, grace, lease times, heartbeat, silences
   Duration connect_timeout = Duration::Seconds(3);
   LatencySink latency;
   net::WriteFaultOptions write_faults;     // fault drills only (serve --debug-fail-writes-*)

@@ -8,23 +8,14 @@
 #include "core/tp_mapping.h"
 #include "net/write_plan.h"
 #include "runtime/clock.h"
+#include "runtime/local_lane.h"
 #include "runtime/log.h"
+#include "runtime/os_random.h"
 #include "runtime/thread_priority.h"
 
 namespace kvrelay::runtime {
 
 namespace {
-
-RankConnectorOptions ConnectorOptions(const RankActorOptions& o) {
-  RankConnectorOptions c;
-  c.role = o.role;
-  c.rank = o.rank;
-  c.tp = o.tp;
-  c.mode = o.mode;
-  c.ApplyTimings(o.timings);
-  c.send.num_workers = o.num_workers;
-  return c;
-}
 
 std::string Endpoint(const std::string& host, uint32_t port) {
   return "tcp://" + host + ":" + std::to_string(port);
@@ -46,7 +37,7 @@ RankActor::RankActor(const RankActorOptions& options, void* zmq_context,
       region_(region),
       engine_(engine),
       sink_(std::move(sink)),
-      conn_(ConnectorOptions(options)),
+      session_(SessionOptions()),
       inbox_(65536),
       writers_(std::make_unique<WriterPool>(options.num_workers,
                                             size_t{options.num_workers} * 4)) {}
@@ -75,7 +66,7 @@ Status RankActor::Start() {
     }
     ListenForLanes();
   }
-  next_heartbeat_ = MonoNow();
+  next_chores_ = MonoNow();
   thread_ = std::thread([this] {
     NameThisThread("kv-rank" + std::to_string(options_.rank));
     if (options_.thread_nice != 0) {
@@ -115,12 +106,7 @@ bool RankActor::TryPostMetadata(const ConnectorMetadata& meta) {
 }
 
 void RankActor::ApplyMetadata(const ConnectorMetadata& meta) {
-  const Instant now = MonoNow();
-  for (const LoadOp& l : meta.loads) {
-    transfer_of_request_[l.request] = l.transfer;
-    load_started_[l.transfer] = now;
-  }
-  conn_.ApplyMetadata(meta, now);
+  session_.ApplyMetadata(meta, MonoNow());
 }
 
 Status RankActor::EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
@@ -162,32 +148,35 @@ std::optional<RankState> RankActor::State() {
         RankState s;
         s.rank = options_.rank;
         s.now = MonoNow();
-        if (const SendTable* t = conn_.send_table()) {
+        const RankConnector& conn = session_.connector();
+        if (const SendTable* t = conn.send_table()) {
           s.sends = t->Sends();
           s.send_stats = t->stats();
           s.writes_in_flight = t->writes_in_flight();
           s.queued_for_sender = t->queued_for_sender();
           s.tombstones = t->tombstones();
         }
-        if (const LoadTable* t = conn_.load_table()) {
+        if (const LoadTable* t = conn.load_table()) {
           s.loads = t->Loads();
           s.load_stats = t->stats();
         }
-        s.mode = conn_.mode();
-        if (const LeaseTable* t = conn_.lease_table()) {
+        s.mode = conn.mode();
+        if (const LeaseTable* t = conn.lease_table()) {
           s.leases = t->Leases();
           s.lease_stats = t->stats();
           s.tombstones = t->tombstones();
         }
-        if (const ReadLoadTable* t = conn_.read_table()) {
+        if (const ReadLoadTable* t = conn.read_table()) {
           s.loads = t->Loads();
           s.read_stats = t->stats();
         }
-        s.connector_stats = conn_.stats();
-        for (const auto& [key, c] : conns_) {
-          static const char* kNames[] = {"connecting", "up", "down", "gone"};
-          s.peers.push_back(PeerView{c.engine, c.rank, c.peer, c.endpoint, kNames[c.state],
-                                     c.known ? (s.now - c.last_heard).seconds() : 0});
+        s.connector_stats = conn.stats();
+        for (const auto& [key, pr] : session_.producers()) {
+          auto c = conns_.find(key);
+          s.peers.push_back(PeerView{pr.engine, pr.rank, pr.peer,
+                                     c == conns_.end() ? "" : c->second.endpoint,
+                                     ProducerStateName(pr.state),
+                                     pr.known ? (s.now - pr.last_heard).seconds() : 0});
         }
         p->set_value(std::move(s));
       })) {
@@ -244,14 +233,14 @@ void RankActor::Loop() {
       }
     }
     Instant now = MonoNow();
-    Instant wake = std::min(next_heartbeat_, ExpirePolledWrites(now));
+    Instant wake = std::min(next_chores_, ExpirePolledWrites(now));
     for (auto& w : polled_writes_) {
       if (w->over) continue;  // abandoned just now
       const short events = w->write->wants_write() ? ZMQ_POLLOUT : ZMQ_POLLIN;
       items.push_back(zmq_pollitem_t{nullptr, w->write->fd(), events, 0});
       polled.push_back({Polled::kWrite, nullptr, nullptr, w.get()});
     }
-    if (auto d = conn_.NextDeadline()) wake = std::min(wake, *d);
+    if (auto d = session_.NextDeadline()) wake = std::min(wake, *d);
     // Outcomes Pump left for lack of rounds (a long chain of inline
     // writes), or frames a lane read but did not deliver: nothing would
     // wake us for them, so only look and go on.
@@ -299,9 +288,10 @@ void RankActor::Loop() {
     }
     SweepLanes();
     now = MonoNow();
-    if (auto d = conn_.NextDeadline(); d && *d <= now) conn_.OnTimer(now);
-    if (now >= next_heartbeat_) Heartbeat(now);
+    if (auto d = session_.NextDeadline(); d && *d <= now) session_.OnTimer(now);
+    if (now >= next_chores_) Chores(now);
     Pump();
+    PublishStats();
   }
   // Shutdown: say goodbye to nothing; close the sockets (linger 0). A
   // write still waiting for its reply ends failed (its stream is closed).
@@ -338,7 +328,7 @@ void RankActor::DrainRouter() {
           OnFrame(&identity, nullptr, static_cast<const uint8_t*>(zmq_msg_data(&body)),
                   zmq_msg_size(&body));
         } else {
-          ++counters_.malformed;
+          ++driver_malformed_;
         }
       } else {
         more = false;
@@ -363,111 +353,15 @@ void RankActor::DrainDealer(Conn& c) {
 
 void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* data,
                         size_t size) {
-  ++counters_.frames_in;
-  Result<WireMessage> decoded = DecodeWire({data, size}, options_.limits);
-  if (!decoded.ok()) {
-    ++counters_.malformed;
-    if (std::optional<WireLimit> over = WireLimitOf(decoded.status())) {
-      ++counters_.over_limit[static_cast<size_t>(*over)];
-    }
-    LogOnce("rank", "malformed:" + std::string(StatusCodeName(decoded.status().code())),
-            "rank " + std::to_string(options_.rank) + ": dropped a malformed control frame: " +
-                decoded.status().ToString());
-    return;
-  }
-  const Instant now = MonoNow();
-  WireMessage& m = *decoded;
-  if (auto* hs = std::get_if<HandshakeMsg>(&m)) {
-    if (identity != nullptr) {
-      OnHandshakeFromD(*identity, *hs);
-    } else {
-      OnHandshakeFromP(*conn, *hs);
-    }
-    return;
-  }
-  if (std::holds_alternative<HeartbeatMsg>(m)) return;
+  const std::span<const uint8_t> frame(data, size);
   if (identity != nullptr) {
-    // From a D rank: only pulls, only after a handshake.
-    auto it = index_of_identity_.find(*identity);
-    if (it == index_of_identity_.end()) {
-      if (auth_.enabled()) {
-        // Not proved (or never handshook): no answer, nothing learned.
-        if (auto* pull = std::get_if<PullMsg>(&m)) {
-          counters_.pulls_refused_unauthenticated += pull->items.size();
-        }
-      }
-      ++counters_.unknown_sender;
-      LogOnce("rank", "unknown_sender", "dropped a message from a D rank that never handshook");
-      return;
-    }
-    const DPeer& d = dpeers_.at(it->second);
-    if (auto* pull = std::get_if<PullMsg>(&m)) {
-      // Destination blocks must lie inside the region this D rank
-      // registered: refuse such an item now, before any table sees it.
-      auto outside = [&d](const PullItem& item) {
-        return std::any_of(item.dst.begin(), item.dst.end(),
-                           [&d](const BlockId& b) { return b.index >= d.num_blocks; });
-      };
-      if (std::any_of(pull->items.begin(), pull->items.end(), outside)) {
-        std::vector<PullItem> kept;
-        for (PullItem& item : pull->items) {
-          if (!outside(item)) {
-            kept.push_back(std::move(item));
-            continue;
-          }
-          ++counters_.pulls_refused_dst;
-          LogOnce("rank", "dst_out_of_region",
-                  "rank " + std::to_string(options_.rank) +
-                      ": refused a pull naming blocks outside the region D registered");
-          SendToD(*identity, EncodeWire(AnswerMsg{pull->pull_seq, item.transfer,
-                                                  TransferResult::kRejected}));
-        }
-        pull->items = std::move(kept);
-        if (pull->items.empty()) return;
-      }
-      conn_.OnMessage(d.peer, PeerMessage(std::move(*pull)), now);
-    } else if (auto* lease = std::get_if<LeaseMsg>(&m)) {
-      conn_.OnMessage(d.peer, PeerMessage(*lease), now);
-    } else if (auto* notice = std::get_if<NoticeMsg>(&m)) {
-      conn_.OnMessage(d.peer, PeerMessage(*notice), now);
-    } else {
-      ++counters_.malformed;  // an answer, grant or revoke sent to a P rank
-    }
-    return;
-  }
-  // From a P rank: answers.
-  if (!conn->known) {
-    ++counters_.unknown_sender;
-    return;
-  }
-  if (auto* a = std::get_if<AnswerMsg>(&m)) {
-    ++counters_.answers_received;
-    auto it = pull_sent_.find({a->transfer, a->pull_seq});
-    if (it != pull_sent_.end()) {
-      if (sink_.pull_answer && !LoadTable::IsReleaseSeq(a->pull_seq)) {
-        sink_.pull_answer(a->transfer, options_.rank, it->second.blocks,
-                          (now - it->second.at).seconds(), a->result, now);
-      }
-      pull_sent_.erase(it);
-    }
-  }
-  if (auto* a = std::get_if<AnswerMsg>(&m)) {
-    conn_.OnMessage(conn->peer, PeerMessage(*a), now);
-  } else if (auto* g = std::get_if<GrantMsg>(&m)) {
-    conn_.OnMessage(conn->peer, PeerMessage(std::move(*g)), now);
-  } else if (auto* r = std::get_if<RevokeMsg>(&m)) {
-    conn_.OnMessage(conn->peer, PeerMessage(*r), now);
+    session_.OnFrameFromConsumer(*identity, frame, MonoNow());
   } else {
-    ++counters_.malformed;  // a pull, heartbeat or notice sent to a D rank
+    session_.OnFrameFromProducer(conn->engine, conn->rank, frame, MonoNow());
   }
-}
-
-void RankActor::NotifyKnown() {
-  MutexLock lock(&known_mu_);
-  for (const auto& [key, c] : conns_) {
-    if (c.known && c.state == Conn::kUp) known_.insert(key);
-  }
-  known_cv_.NotifyAll();
+  // Now, not at the end of the round: a hello's OpenTarget must be answered
+  // before the next frame of the same D (its first pull) reaches the session.
+  RunActions();
 }
 
 RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::string& host,
@@ -479,7 +373,7 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   c.rank = rank;
   c.port = uint32_t{port} + rank;
   c.endpoint = Endpoint(host, c.port);
-  c.same_host = SameHost(host);
+  c.same_host = options_.local_lane && SameHost(host);
   c.sock = zmq_socket(zmq_, ZMQ_DEALER);
   const int zero = 0;
   zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -495,8 +389,8 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   // connection, whose retransmission backoff grows to minutes: ZMTP pings
   // drop a connection silent for peer_down_after and ZeroMQ reconnects
   // (each attempt bounded), so a healed link is used within a second or so.
-  const int ping_ms = static_cast<int>(options_.heartbeat.millis());
-  const int ping_timeout_ms = static_cast<int>(options_.peer_down_after.millis());
+  const int ping_ms = static_cast<int>(options_.timings.heartbeat.millis());
+  const int ping_timeout_ms = static_cast<int>(options_.timings.peer_down_after.millis());
   const int connect_timeout_ms = 1000;
   zmq_setsockopt(c.sock, ZMQ_HEARTBEAT_IVL, &ping_ms, sizeof ping_ms);
   zmq_setsockopt(c.sock, ZMQ_HEARTBEAT_TIMEOUT, &ping_timeout_ms, sizeof ping_timeout_ms);
@@ -504,198 +398,190 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   if (zmq_connect(c.sock, c.endpoint.c_str()) != 0) {
     Log("rank", "cannot connect to %s: %s", c.endpoint.c_str(), zmq_strerror(zmq_errno()));
   }
-  OpenLane(c);
-  SendToP(c, HelloFor(c));
+  session_.Connect(engine, rank, c.same_host, MonoNow());
   return c;
 }
 
-void RankActor::Heartbeat(Instant now) {
-  next_heartbeat_ = now + options_.heartbeat;
+void RankActor::Chores(Instant now) {
+  next_chores_ = now + options_.timings.heartbeat;
   CloseUnattachedLanes(now);
-  if (conns_.empty()) return;
-  for (auto& [key, c] : conns_) {
-    SendToP(c, HelloFor(c));
-    if (!c.known) continue;
-    CheckLanePeerGone(key, c, now);
-    const Duration silent = now - c.last_heard;
-    if (c.state == Conn::kUp && silent > options_.peer_down_after) {
-      c.state = Conn::kDown;
-      ++counters_.peers_down;
-      Log("rank", "P %s silent for %.1f s: down", c.endpoint.c_str(), silent.seconds());
-    }
-    if (c.state == Conn::kDown && silent > options_.peer_dead_after) {
-      char why[64];
-      std::snprintf(why, sizeof why, "silent for %.1f s", silent.seconds());
-      DeclareGone(key, c, now, why);
-    }
-  }
+  for (auto& [key, c] : conns_) CheckLanePeerGone(c, now);
 }
 
-void RankActor::CheckLanePeerGone(const ConnKey& key, Conn& c, Instant now) {
+void RankActor::CheckLanePeerGone(Conn& c, Instant now) {
   if (c.closed_lane_pid == 0 || !ProcessGone(c.closed_lane_pid)) return;
   c.closed_lane_pid = 0;
-  DeclareGone(key, c, now, "exited (its local lane closed, its process is gone)");
-}
-
-// The one place a P incarnation is declared gone: its loads fail now (and
-// recompute or fail by policy), and a new request naming this engine must
-// see a live handshake first.
-void RankActor::DeclareGone(const ConnKey& key, Conn& c, Instant now, const std::string& why) {
-  if (!c.known || c.state == Conn::kGone) return;
-  c.state = Conn::kGone;
-  ++counters_.peers_gone;
-  Log("rank", "P %s %s: gone; its loads fail now", c.endpoint.c_str(), why.c_str());
-  conn_.PeerGone(c.peer, now);
-  MutexLock lock(&known_mu_);
-  known_.erase(key);
+  session_.OnLaneClosed(c.engine, c.rank, /*process_gone=*/true, now);
 }
 
 bool RankActor::SendFrame(void* sock, const std::string* identity,
                           const std::vector<uint8_t>& frame) {
   if (identity != nullptr &&
       zmq_send(sock, identity->data(), identity->size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-    ++counters_.unroutable;
+    ++send_failures_;
     return false;
   }
   if (zmq_send(sock, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0) {
-    ++counters_.unroutable;
+    ++send_failures_;
     return false;
   }
   ++counters_.frames_out;
   return true;
 }
 
-// --- actions -----------------------------------------------------------------
+// --- the session's actions ---------------------------------------------------
 
 void RankActor::Pump() {
   for (int round = 0; round < 64; ++round) {
-    while (auto a = conn_.PollAction()) {
-      if (auto* out = std::get_if<OutMessage>(&*a)) {
-        SendOut(std::move(*out));
-      } else if (auto* read = std::get_if<StartRead>(&*a)) {
-        StartReadJob(std::move(*read));
-      } else {
-        StartWriteJob(std::move(std::get<StartWrite>(*a)));
-      }
-    }
+    RunActions();
     if (deferred_write_done_.empty() && deferred_read_done_.empty()) break;
     const Instant now = MonoNow();
     auto done = std::move(deferred_write_done_);
     deferred_write_done_.clear();
-    for (auto& [w, ok] : done) conn_.OnWriteDone(w, ok, now);
+    for (auto& [w, ok] : done) session_.OnWriteDone(w, ok, now);
     auto read_done = std::move(deferred_read_done_);
     deferred_read_done_.clear();
-    for (auto& [r, ok] : read_done) conn_.OnReadDone(r, ok, now);
+    for (auto& [r, ok] : read_done) session_.OnReadDone(r, ok, now);
   }
-  if (conn_.HasReport()) {
-    RankReport r = conn_.GetFinished();
-    const Instant now = MonoNow();
-    auto revoke = [&](TransferId t) {
-      auto g = granted_.find(t);
-      if (g != granted_.end()) {
-        region_->grants().Revoke(t, g->second);
-        granted_.erase(g);
-      }
-    };
-    auto forget_pulls = [&](TransferId t) {
-      pull_sent_.erase(pull_sent_.lower_bound({t, 0}), pull_sent_.upper_bound({t, UINT64_MAX}));
-    };
-    for (const LoadDone& d : r.finished_recving) {
-      revoke(d.transfer);
-      forget_pulls(d.transfer);
-      transfer_of_request_.erase(d.request);
-      auto it = load_started_.find(d.transfer);
-      if (it != load_started_.end()) {
-        if (sink_.transfer) sink_.transfer((now - it->second).seconds(), d.ok);
-        load_started_.erase(it);
-      }
-    }
-    for (const TransferId& t : r.finished_sending) {
-      // Read mode: the lease ended; tcp serves no more reads of it.
-      auto g = read_granted_.find(t);
-      if (g != read_granted_.end()) {
-        region_->read_grants().RevokeAll(t);
-        read_granted_.erase(g);
-      }
-    }
-    for (const RequestId& id : r.released) {
-      auto it = transfer_of_request_.find(id);
-      if (it != transfer_of_request_.end()) {
-        revoke(it->second);
-        forget_pulls(it->second);
-        load_started_.erase(it->second);
-        transfer_of_request_.erase(it);
-      }
-    }
+  if (session_.HasReport()) {
+    RankReport r = session_.GetFinished(MonoNow());
+    RunActions();  // its revokes, before the engine frees a block
     engine_->PostReport(options_.rank, std::move(r));
   }
 }
 
-void RankActor::SendOut(OutMessage out) {
-  if (auto* pull = std::get_if<PullMsg>(&out.msg)) {
-    // D → P.
-    const PeerAddress to = PeerAddress::Of(out.to);
-    const uint32_t engine = to.engine, rank = to.rank;
-    auto it = conns_.find({engine, rank});
-    if (it == conns_.end() || !it->second.known || it->second.peer != out.to) {
-      ++counters_.unroutable;  // that P incarnation is gone; the core knows
-      return;
+void RankActor::RunActions() {
+  while (auto a = session_.PollAction()) Run(std::move(*a));
+}
+
+void RankActor::Run(SessionAction a) {
+  const Instant now = MonoNow();
+  if (auto* f1 = std::get_if<FrameToProducer>(&a)) {
+    auto it = conns_.find({f1->engine, f1->rank});
+    if (it != conns_.end()) SendToP(it->second, f1->frame);
+  } else if (auto* f2 = std::get_if<FrameToConsumer>(&a)) {
+    SendToD(f2->identity, f2->frame);
+  } else if (auto* w = std::get_if<StartWrite>(&a)) {
+    StartWriteJob(std::move(*w));
+  } else if (auto* r = std::get_if<StartRead>(&a)) {
+    StartReadJob(std::move(*r));
+  } else if (auto* o1 = std::get_if<OpenTarget>(&a)) {
+    Result<std::unique_ptr<net::Target>> target = transport_->Open(o1->registration, region_);
+    if (target.ok()) {
+      targets_[o1->peer.index] = DTarget{o1->peer, std::shared_ptr<net::Target>(std::move(*target))};
     }
-    const Instant now = MonoNow();
-    for (const PullItem& item : pull->items) {
-      if (item.dst.empty()) {
-        auto g = granted_.find(item.transfer);
-        if (g != granted_.end()) {
-          region_->grants().Revoke(item.transfer, g->second);
-          granted_.erase(g);
-        }
-        continue;
-      }
-      std::vector<uint32_t> blocks;
-      blocks.reserve(item.dst.size());
-      for (const BlockId& b : item.dst) blocks.push_back(b.index);
-      region_->grants().Grant(item.transfer, blocks);
-      granted_[item.transfer] = std::move(blocks);
-      pull_sent_.try_emplace({item.transfer, pull->pull_seq},
-                             PullSent{now, static_cast<uint32_t>(item.dst.size())});
-      ++counters_.pulls_sent;
+    session_.OnTargetOpened(o1->peer, target.ok(), target.status().ToString(), now);
+  } else if (auto* o2 = std::get_if<OpenSource>(&a)) {
+    auto it = conns_.find({o2->engine, o2->rank});
+    if (it == conns_.end()) return;
+    Result<std::unique_ptr<net::Source>> source = transport_->OpenSource(o2->registration, region_);
+    if (source.ok()) {
+      it->second.source = std::move(*source);
+    } else {
+      it->second.source.reset();
+      session_.OnSourceBroken(o2->engine, o2->rank);
+      LogOnce("rank", "open_source:" + it->second.endpoint,
+              "rank " + std::to_string(options_.rank) + ": cannot open " + it->second.endpoint +
+                  "'s KV for reading: " + source.status().ToString());
     }
-    SendToP(it->second, EncodeWire(*pull));
-    return;
-  }
-  if (std::holds_alternative<LeaseMsg>(out.msg) || std::holds_alternative<NoticeMsg>(out.msg)) {
-    // D → P, read mode.
-    const PeerAddress to = PeerAddress::Of(out.to);
-    auto it = conns_.find({to.engine, to.rank});
-    if (it == conns_.end() || !it->second.known || it->second.peer != out.to) {
-      ++counters_.unroutable;
-      return;
+  } else if (auto* o3 = std::get_if<kvrelay::OpenLane>(&a)) {
+    auto it = conns_.find({o3->engine, o3->rank});
+    if (it == conns_.end() || !ConnectLane(it->second)) {
+      session_.OnLaneClosed(o3->engine, o3->rank, /*process_gone=*/false, now);
     }
-    SendToP(it->second, std::holds_alternative<LeaseMsg>(out.msg)
-                  ? EncodeWire(std::get<LeaseMsg>(out.msg))
-                  : EncodeWire(std::get<NoticeMsg>(out.msg)));
-    return;
-  }
-  // P → D: an answer, a grant or a revoke.
-  auto it = dpeers_.find(out.to.index);
-  if (it == dpeers_.end() || it->second.peer != out.to) {
-    ++counters_.unroutable;
-    return;
-  }
-  if (auto* g = std::get_if<GrantMsg>(&out.msg)) {
-    if (g->answer == LeaseAnswer::kGranted && read_granted_.count(g->transfer) == 0) {
-      std::vector<uint32_t> blocks;
-      blocks.reserve(g->src.size());
-      for (const BlockId& b : g->src) blocks.push_back(b.index);
-      region_->read_grants().Grant(g->transfer, blocks);
-      read_granted_.emplace(g->transfer, std::move(blocks));
+  } else if (auto* g1 = std::get_if<GrantBlocks>(&a)) {
+    if (g1->kind == GrantKind::kWrite) {
+      region_->grants().Grant(g1->transfer, g1->blocks);
+    } else {
+      region_->read_grants().Grant(g1->transfer, g1->blocks);
     }
-    SendToD(it->second.identity, EncodeWire(*g));
-  } else if (auto* r = std::get_if<RevokeMsg>(&out.msg)) {
-    SendToD(it->second.identity, EncodeWire(*r));
-  } else {
-    SendToD(it->second.identity, EncodeWire(std::get<AnswerMsg>(out.msg)));
+  } else if (auto* g2 = std::get_if<RevokeBlocks>(&a)) {
+    if (g2->kind == GrantKind::kWrite) {
+      region_->grants().Revoke(g2->transfer, g2->blocks);
+    } else {
+      region_->read_grants().RevokeAll(g2->transfer);
+    }
+  } else if (auto* pc = std::get_if<ProducerChanged>(&a)) {
+    auto it = conns_.find({pc->engine, pc->rank});
+    const std::string who = it == conns_.end() ? "P" : "P " + it->second.endpoint;
+    MutexLock lock(&known_mu_);
+    if (pc->state == ProducerState::kUp) {
+      if (it != conns_.end()) it->second.closed_lane_pid = 0;  // a P that answers is alive
+      known_.insert({pc->engine, pc->rank});
+      known_cv_.NotifyAll();
+    } else {
+      if (pc->state == ProducerState::kGone) known_.erase({pc->engine, pc->rank});
+      Log("rank", "%s %s: %s%s", who.c_str(), pc->why.c_str(), ProducerStateName(pc->state),
+          pc->state == ProducerState::kGone ? "; its loads fail now" : "");
+    }
+  } else if (auto* o4 = std::get_if<PullAnswered>(&a)) {
+    if (sink_.pull_answer) {
+      sink_.pull_answer(o4->transfer, options_.rank, o4->blocks, o4->seconds, o4->result, now);
+    }
+  } else if (auto* o5 = std::get_if<LoadEnded>(&a)) {
+    if (sink_.transfer) sink_.transfer(o5->seconds, o5->ok);
+  } else if (auto* l = std::get_if<LogLine>(&a)) {
+    if (l->once_key.empty()) {
+      Log("rank", "%s", l->text.c_str());
+    } else {
+      LogOnce("rank", l->once_key, l->text);
+    }
   }
+}
+
+void RankActor::PublishStats() {
+  const RankSessionStats& s = session_.stats();
+  auto set = [](std::atomic<uint64_t>& to, uint64_t v) { to.store(v, std::memory_order_relaxed); };
+  set(counters_.frames_in, s.frames_in);
+  set(counters_.malformed, s.malformed + driver_malformed_);
+  for (int i = 0; i < kWireLimitCount; ++i) set(counters_.over_limit[i], s.over_limit[i]);
+  set(counters_.unknown_sender, s.unknown_sender);
+  set(counters_.handshake_refused, s.handshake_refused);
+  set(counters_.unroutable, s.unroutable + send_failures_);
+  set(counters_.handshakes, s.handshakes);
+  set(counters_.peers_down, s.peers_down);
+  set(counters_.peers_gone, s.peers_gone);
+  set(counters_.reconnects, s.reconnects);
+  set(counters_.pulls_sent, s.pulls_sent);
+  set(counters_.answers_received, s.answers_received);
+  set(counters_.auth_failed, s.auth_failed);
+  set(counters_.pulls_refused_unauthenticated, s.pulls_refused_unauthenticated);
+  set(counters_.pulls_refused_dst, s.pulls_refused_dst);
+  set(counters_.pulls_misaddressed, s.pulls_misaddressed);
+}
+
+HandshakeMsg RankActor::OwnHandshake() const {
+  HandshakeMsg hs;
+  hs.engine_id = options_.engine_id;
+  hs.incarnation = options_.incarnation;
+  hs.rank = options_.rank;
+  hs.tp = options_.tp;
+  hs.role = static_cast<uint8_t>(options_.role);
+  hs.transport = static_cast<uint8_t>(transport_->kind());
+  hs.layers = options_.shape.layers;
+  hs.kv_heads = options_.shape.kv_heads;
+  hs.head_dim = options_.shape.head_dim;
+  hs.dtype_bytes = options_.shape.dtype_bytes;
+  hs.block_tokens = options_.shape.block_tokens;
+  hs.num_blocks = options_.num_blocks;
+  hs.registration = region_->registration();
+  return hs;
+}
+
+RankSessionOptions RankActor::SessionOptions() const {
+  RankSessionOptions o;
+  o.connector.role = options_.role;
+  o.connector.rank = options_.rank;
+  o.connector.tp = options_.tp;
+  o.connector.mode = options_.mode;
+  o.timings = options_.timings;
+  o.connector.send.num_workers = options_.num_workers;
+  o.self = OwnHandshake();
+  o.max_tp = engine::kHeadGroups;
+  o.limits = options_.limits;
+  o.auth_token = options_.auth_token;
+  o.nonce = NonceFromOs;
+  return o;
 }
 
 }  // namespace kvrelay::runtime

@@ -51,16 +51,15 @@ bool BlocksFit(const std::vector<BlockId>& src, uint32_t src_pool,
 }  // namespace
 
 void RankActor::StartReadJob(StartRead r) {
-  const PeerAddress at = PeerAddress::Of(r.peer);
-  auto it = conns_.find({at.engine, at.rank});
-  if (it == conns_.end() || !it->second.known || it->second.peer != r.peer ||
-      it->second.source == nullptr) {
+  const ProducerPeer* p = session_.ProducerOf(r.peer);
+  auto it = p == nullptr ? conns_.end() : conns_.find({p->engine, p->rank});
+  if (it == conns_.end() || it->second.source == nullptr) {
     deferred_read_done_.emplace_back(r.read, false);  // gone, or not readable
     return;
   }
   const Conn& c = it->second;
-  if (!BlocksFit(r.src, c.num_blocks, r.dst, options_.num_blocks)) {  // P's ids
-    ++counters_.malformed;
+  if (!BlocksFit(r.src, p->num_blocks, r.dst, options_.num_blocks)) {  // P's ids
+    ++driver_malformed_;
     LogOnce("rank", "bad_src", "rank " + std::to_string(options_.rank) +
                                    ": a grant named blocks outside P's pool (or a different "
                                    "count than the load); failing its read");
@@ -71,7 +70,7 @@ void RankActor::StartReadJob(StartRead r) {
   job.target = std::make_shared<ReadThroughSource>(c.source);
   job.transfer = r.transfer;
   // Planned as P would write it: src offsets in P's region, dst in ours.
-  job.segments = net::PlanWrite(options_.shape, c.tp, c.rank, c.num_blocks, options_.tp,
+  job.segments = net::PlanWrite(options_.shape, p->tp, p->rank, p->num_blocks, options_.tp,
                                 options_.rank, options_.num_blocks, r.src, r.dst);
   for (const net::Segment& seg : job.segments) job.bytes += seg.bytes;
   job.deadline = r.deadline;
@@ -95,7 +94,7 @@ void RankActor::StartReadJob(StartRead r) {
       auto conn = conns_.find(key);
       if (broken && conn != conns_.end()) {
         conn->second.source.reset();
-        conn->second.registration.clear();
+        session_.OnSourceBroken(key.first, key.second);
       }
     });
   };
@@ -103,14 +102,15 @@ void RankActor::StartReadJob(StartRead r) {
 }
 
 void RankActor::StartWriteJob(StartWrite w) {
-  auto it = dpeers_.find(w.peer.index);
-  if (it == dpeers_.end() || it->second.peer != w.peer || it->second.target == nullptr) {
+  const ConsumerPeer* d = session_.ConsumerOf(w.peer);
+  auto t = targets_.find(w.peer.index);
+  if (d == nullptr || t == targets_.end() || t->second.peer != w.peer ||
+      t->second.target == nullptr) {
     deferred_write_done_.emplace_back(w.write, false);  // gone, or its target broke
     return;
   }
-  const DPeer& d = it->second;
-  if (!BlocksFit(w.src, options_.num_blocks, w.dst, d.num_blocks)) {  // D's ids
-    ++counters_.malformed;
+  if (!BlocksFit(w.src, options_.num_blocks, w.dst, d->num_blocks)) {  // D's ids
+    ++driver_malformed_;
     LogOnce("rank", "bad_dst", "rank " + std::to_string(options_.rank) +
                                    ": a pull named blocks outside D's pool (or a different "
                                    "count than the send holds); failing its write");
@@ -118,17 +118,18 @@ void RankActor::StartWriteJob(StartWrite w) {
     return;
   }
   WriteJob job;
-  job.target = d.target;
+  const std::shared_ptr<net::Target> target = t->second.target;
+  job.target = target;
   job.transfer = w.transfer;
   job.segments = net::PlanWrite(options_.shape, options_.tp, options_.rank, options_.num_blocks,
-                                d.tp, d.rank, d.num_blocks, w.src, w.dst);
+                                d->tp, d->rank, d->num_blocks, w.src, w.dst);
   for (const net::Segment& s : job.segments) job.bytes += s.bytes;
   job.deadline = w.deadline;
   const WriteId id = w.write;
   const PeerId peer = w.peer;
   const uint64_t bytes = job.bytes;
   const Instant started = MonoNow();
-  if (bytes <= options_.inline_write_bytes && d.target->CopiesInPlace()) {
+  if (bytes <= options_.inline_write_bytes && target->CopiesInPlace()) {
     // Here, now: the outcome is queued before Pump looks again, so the
     // answer leaves in this same turn of the loop.
     ++counters_.writes_inline;
@@ -208,8 +209,11 @@ void RankActor::OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken) {
   deferred_write_done_.emplace_back(id, ok);
   // A transport that lost its peer stays failed: reopen on the next
   // handshake (D resends one every heartbeat).
-  auto dp = dpeers_.find(peer.index);
-  if (broken && dp != dpeers_.end() && dp->second.peer == peer) dp->second.target.reset();
+  auto t = targets_.find(peer.index);
+  if (broken && t != targets_.end() && t->second.peer == peer) {
+    t->second.target.reset();
+    session_.OnTargetBroken(peer);
+  }
 }
 
 }  // namespace kvrelay::runtime

@@ -38,7 +38,7 @@ LaneLimits LaneLimitsFor(const RankActorOptions& o) {
 }  // namespace
 
 void RankActor::ListenForLanes() {
-  if (!LaneEnabled()) return;
+  if (!options_.local_lane) return;
   const std::string name =
       LaneAddress(options_.engine_id, options_.rank, options_.ctrl_port + options_.rank);
   auto listener = LaneListener::Bind(name);
@@ -53,12 +53,10 @@ void RankActor::ListenForLanes() {
 void RankActor::CloseUnattachedLanes(Instant now) {
   for (auto& l : d_lanes_) {
     if (!l->broken() && l->identity().empty() && now >= l->attach_deadline()) {
-      l->Break("no attach within " + std::to_string(options_.peer_down_after.millis()) + " ms");
+      l->Break("no attach within " + std::to_string(options_.timings.peer_down_after.millis()) + " ms");
     }
   }
 }
-
-bool RankActor::LaneEnabled() const { return options_.local_lane; }
 
 bool RankActor::SameHost(const std::string& host) const {
   // shm maps P's region, so its P is on this host whatever the name says.
@@ -70,8 +68,8 @@ std::string RankActor::RoutingId() const {
          std::to_string(options_.incarnation);
 }
 
-void RankActor::OpenLane(Conn& c) {
-  if (!LaneEnabled() || !c.same_host) return;
+bool RankActor::ConnectLane(Conn& c) {
+  if (!c.same_host) return false;
   if (c.lane != nullptr) {
     // A new P incarnation: the old process's lane is dead or dying.
     c.lane->Break("P restarted");
@@ -79,13 +77,14 @@ void RankActor::OpenLane(Conn& c) {
     retired_lanes_.push_back(std::move(c.lane));
   }
   auto lane = LocalLane::Connect(LaneAddress(c.engine, c.rank, c.port), LaneLimitsFor(options_));
-  if (!lane.ok()) return;  // P not up yet, another host, or no lane: ZeroMQ
+  if (!lane.ok()) return false;  // P not up yet, another host, or no lane: ZeroMQ
   c.lane = std::move(*lane);
   if (c.lane->Send(LaneAttachFrame(RoutingId())) != LocalLane::SendResult::kSent) {
     retired_lanes_.push_back(std::move(c.lane));
-    return;
+    return false;
   }
   ++counters_.lanes_opened;
+  return true;
 }
 
 void RankActor::AcceptLanes() {
@@ -100,7 +99,7 @@ void RankActor::AcceptLanes() {
       continue;
     }
     d_lanes_.push_back(std::make_unique<LocalLane>(fd, LaneLimitsFor(options_)));
-    d_lanes_.back()->set_attach_deadline(MonoNow() + options_.peer_down_after);
+    d_lanes_.back()->set_attach_deadline(MonoNow() + options_.timings.peer_down_after);
   }
 }
 
@@ -109,7 +108,7 @@ void RankActor::ReadDLane(LocalLane& lane) {
     if (lane.identity().empty()) {
       std::optional<std::string> id = ParseLaneAttach(data, size);
       if (!id) {
-        ++counters_.malformed;
+        ++driver_malformed_;
         lane.Break("its first frame is not an attach");
         return;
       }
@@ -136,12 +135,13 @@ void RankActor::SweepLanes() {
   for (auto& [key, c] : conns_) {
     if (c.lane != nullptr && c.lane->broken()) {
       note(*c.lane, "to " + c.endpoint);
+      session_.OnLaneClosed(c.engine, c.rank, /*process_gone=*/false, MonoNow());
       // P's end closed: if the kernel says its process is gone (now, or at
       // a heartbeat soon after: the socket closes while P still exits), P
       // is dead now, not after peer_dead_after of silence (rule 8).
       if (c.lane->peer_closed()) {
         c.closed_lane_pid = c.lane->peer_pid();
-        CheckLanePeerGone(key, c, MonoNow());
+        CheckLanePeerGone(c, MonoNow());
       }
       retired_lanes_.push_back(std::move(c.lane));
     }
@@ -169,7 +169,7 @@ std::optional<bool> RankActor::SendOnLane(LocalLane& lane, const std::vector<uin
       ++counters_.lane_frames_out;
       return true;
     case LocalLane::SendResult::kQueueFull:
-      ++counters_.unroutable;  // as a ZeroMQ socket at its high-water mark
+      ++send_failures_;  // as a ZeroMQ socket at its high-water mark
       return false;
     case LocalLane::SendResult::kBroken:
       break;

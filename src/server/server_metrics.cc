@@ -258,6 +258,8 @@ ServerMetrics::ServerMetrics() {
           [s] { return s->access[1]; });
   counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "dst_out_of_region"}},
           [s] { return s->access[2]; });
+  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "misaddressed"}},
+          [s] { return s->access[3]; });
   counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "wrong_engine"}}, [s] {
     uint64_t n = 0;
     for (const auto& rk : s->ranks) n += rk.send_stats.refused_wrong_engine;
@@ -344,6 +346,7 @@ std::string ServerMetrics::Render(runtime::Node& node) {
     snap_.access[0] += c.auth_failed.load();
     snap_.access[1] += c.pulls_refused_unauthenticated.load();
     snap_.access[2] += c.pulls_refused_dst.load();
+    snap_.access[3] += c.pulls_misaddressed.load();
     for (int i = 0; i < kWireLimitCount; ++i) snap_.over_limit[i] += c.over_limit[i].load();
   }
   const net::TransportStats& ts = node.transport().stats();

@@ -66,7 +66,7 @@ class ServerMetrics {
     std::vector<runtime::RankState> ranks;
     uint64_t counters[20] = {};
     uint64_t transport[6] = {};
-    uint64_t access[3] = {};  // auth_failed, refused unauthenticated, refused dst
+    uint64_t access[4] = {};  // auth_failed, refused unauthenticated, dst, misaddressed
     uint64_t over_limit[kWireLimitCount] = {};
   };
   std::function<http::ServerStats()> http_stats_;
