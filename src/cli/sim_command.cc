@@ -110,7 +110,7 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kLoadFailedRecompute, Mark::kLoadFailedError,
     Mark::kMultiProducer,       Mark::kMultiConsumer,
     Mark::kConnectionDropped,   Mark::kPartition,
-    Mark::kCrash,               Mark::kStaleIncarnation,
+    Mark::kCrash,
     Mark::kDuplicateTransferRejected, Mark::kPoolPressure,
     Mark::kPrefixHit,           Mark::kPullResent,
     Mark::kReanswered,          Mark::kFastAbort,
@@ -121,6 +121,12 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kLeaseExtended,       Mark::kRevokeSent,
     Mark::kRevokeWaitedForRead, Mark::kNoticeAfterEnd,
     Mark::kGrantTooLate,        Mark::kReadFailed,
+    // the control channel (core/rank_session.h)
+    Mark::kPeerDown,            Mark::kPeerGone,
+    Mark::kPeerExited,          Mark::kStaleHandshake,
+    Mark::kPeerCameBack,        Mark::kPullMisaddressed,
+    Mark::kWriteRefusedNoGrant, Mark::kCrashStayedDown,
+    Mark::kLaneOpened,
 };
 
 bool ParseRange(const std::string& s, uint64_t* a, uint64_t* b) {

@@ -46,6 +46,17 @@ std::string_view MarkName(Mark m) {
     case Mark::kFastAbortBeforeClaim: return "fast_abort_before_claim";
     case Mark::kProducerToken: return "producer_token";
     case Mark::kQueueWaitExpired: return "queue_wait_expired";
+    case Mark::kPeerDown: return "peer_down";
+    case Mark::kPeerGone: return "peer_gone_by_silence";
+    case Mark::kPeerExited: return "peer_exited_lane_closed";
+    case Mark::kStaleHandshake: return "stale_handshake_dropped";
+    case Mark::kPeerCameBack: return "peer_came_back";
+    case Mark::kProducersUnknown: return "producers_unknown";
+    case Mark::kWriteRefusedNoGrant: return "write_refused_no_grant";
+    case Mark::kLaneOpened: return "lane_opened";
+    case Mark::kCrashStayedDown: return "crash_stayed_down";
+    case Mark::kPullMisaddressed: return "pull_misaddressed";
+    case Mark::kFreedUnderSilentPeer: return "freed_under_silent_peer";
     case Mark::kCount: break;
   }
   return "?";

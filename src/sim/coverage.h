@@ -55,6 +55,18 @@ enum class Mark : uint8_t {
   kFastAbortBeforeClaim,     //   ... before the engine's claim reached the rank
   kProducerToken,            // D emitted the first token P handed over
   kQueueWaitExpired,         // a request with no token ended at max_queue_wait
+  // The control channel (core/rank_session.h):
+  kPeerDown,                 // a silent P was marked down
+  kPeerGone,                 // ... and gone, by silence
+  kPeerExited,               // a P was gone at once: its lane closed, its process exited
+  kStaleHandshake,           // a reply of an older incarnation was dropped
+  kPeerCameBack,             // a down or gone P answered again (pulls resent)
+  kProducersUnknown,         // a D leg gave up waiting for its producers' handshake
+  kWriteRefusedNoGrant,      // a write (read) outside the grants was refused
+  kLaneOpened,
+  kCrashStayedDown,          // a crashed engine stayed away before restarting
+  kPullMisaddressed,         // a restarted P dropped a pull meant for its previous life
+  kFreedUnderSilentPeer,     // D freed blocks a silent (gone, maybe alive) P was writing
   kCount
 };
 

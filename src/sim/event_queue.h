@@ -34,6 +34,9 @@ enum class EventKind : uint8_t {
   kRankAbort,      // a = request, b = P engine, c = rank, x = incarnation:
                    // the server's fast abort reaches one of P's ranks
   kDrainCheck,     // a matrix case: every request ended a while ago
+  kRestart,        // b = engine, x = incarnation: a crashed engine comes back
+  kLaneClosed,     // b = D engine, c = D rank, a = P engine, x = P rank | P incarnation << 32: the
+                   // lane to a P that exited closes (the kernel saw it go)
 };
 
 struct Event {

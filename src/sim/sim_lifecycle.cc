@@ -11,7 +11,7 @@
 namespace kvrelay::sim {
 
 void Simulator::Crash(uint32_t e) {
-  if (faults_over_) return;
+  if (faults_over_ || !nodes_[e].alive) return;
   Hit(Mark::kCrash);
   Node& node = nodes_[e];
   // Every leg on the dead process ends with an error for its client.
@@ -20,9 +20,51 @@ void Simulator::Crash(uint32_t e) {
     if (c.p == e && !c.p_ended && c.p_arrived) LegEnded(e, i, LegOutcome::kError);
     if (c.d == e && !c.d_ended && c.d_arrived) LegEnded(e, i, LegOutcome::kError);
   }
+  if (node.producer) {
+    // Its same-host D ranks see their lanes close once the kernel reports
+    // the process gone; the others find out by its successor or silence.
+    Death& death = deaths_[{e, node.incarnation}];
+    death.at = now_;
+    for (const LinkKey& link : lanes_) {
+      const auto& [d, dr, p, pr] = link;
+      if (p != e) continue;
+      death.lanes.insert({d, dr});
+      // A lane delivers what was written into it before its end: the close
+      // comes after the last frame the dead process sent on it.
+      const uint64_t dir = ConnKey(e, pr, d, dr) ^ (uint64_t{PeerAddress{e, pr, 0}.Id().index} << 20) ^
+                           (uint64_t{node.incarnation} << 44);
+      Instant at = now_ + Duration::Microseconds(prng_.Range(1, 2000));
+      if (auto last = conn_last_delivery_.find(dir); last != conn_last_delivery_.end()) {
+        at = std::max(at, last->second + Duration::Nanoseconds(1));
+      }
+      queue_.Push(Event{at, 0, EventKind::kLaneClosed, p, d, dr,
+                        pr | (uint64_t{node.incarnation} << 32)});
+    }
+  }
+  // The dead process's own lanes (as D) go with it.
+  std::erase_if(lanes_, [e](const LinkKey& l) { return std::get<0>(l) == e; });
   ++node.incarnation;
+  const Duration downtime =
+      params_.crash_downtime_max.ns() == 0 || prng_.OneIn(2)
+          ? Duration::Zero()
+          : Duration::Nanoseconds(static_cast<int64_t>(
+                prng_.Uniform(static_cast<uint64_t>(params_.crash_downtime_max.ns()) + 1)));
+  if (downtime.ns() == 0) {
+    Restart(e);
+    return;
+  }
+  node.alive = false;
+  Hit(Mark::kCrashStayedDown);
+  queue_.Push(Event{now_ + downtime, 0, EventKind::kRestart, 0, e, 0, node.incarnation});
+}
+
+// A crashed engine's new incarnation starts: empty tables, a fresh pool,
+// and (D) handshakes with every P rank.
+void Simulator::Restart(uint32_t e) {
+  Node& node = nodes_[e];
+  node.alive = true;
   BuildNode(e);
-  Handshake(e);
+  if (!node.producer) ConnectAll(e);
 }
 
 // A random lifecycle operation on engine `e`, and (for the ones that leave

@@ -88,6 +88,15 @@ SimParams DrawParams(uint64_t seed) {
   // Drawn last, so the draws above keep their values for every seed.
   if (prng.OneIn(3)) p.max_queue_wait = Duration::Milliseconds(prng.Range(20, 3000));
   p.resume_waits_for_call = prng.OneIn(2);
+  // The control channel: heartbeats from eager to lazy, peers declared
+  // down and gone after a few of them, lanes, crashes that stay away long
+  // enough to be found by silence, and authenticated handshakes.
+  p.timings.heartbeat = Duration::Milliseconds(prng.Range(5, 100));
+  p.timings.peer_down_after = p.timings.heartbeat * prng.Range(2, 4);
+  p.timings.peer_dead_after = p.timings.peer_down_after + p.timings.heartbeat * prng.Range(1, 6);
+  p.same_host_pm = prng.OneIn(3) ? 0 : static_cast<uint32_t>(prng.Range(1, 1000));
+  if (!prng.OneIn(3)) p.crash_downtime_max = p.timings.peer_dead_after * 2;
+  p.auth = prng.OneIn(4);
   return p;
 }
 
@@ -97,13 +106,14 @@ std::string SimParams::ToString() const {
     for (uint32_t t : v) s += (s.empty() ? "" : ",") + std::to_string(t);
     return s;
   };
-  char buf[512];
+  char buf[768];
   std::snprintf(
       buf, sizeof buf,
       "P[tp %s] D[tp %s] pools %u/%u workers %u abort_timeout %.3fs grace %.3fs "
       "requests %u blocks<=%u faults: abort %u drop %u wfail %u crash %u "
       "partition %u policy %s mode %s lease %.3fs/%.3fs hb %.3fs fast_abort %u early %u "
-      "queue_wait %.3fs resume %s",
+      "queue_wait %.3fs resume %s hb %.3fs down %.3fs dead %.3fs same_host %u "
+      "downtime %.3fs auth %d",
       tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
       num_workers, timings.abort_timeout.seconds(), timings.giveup_grace.seconds(), num_requests,
       max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
@@ -111,7 +121,9 @@ std::string SimParams::ToString() const {
       timings.lease.seconds(), timings.lease_extension.seconds(),
       timings.lease_heartbeat.seconds(),
       fast_abort_pm, early_abort_pm, max_queue_wait.seconds(),
-      resume_waits_for_call ? "after the call" : "any time");
+      resume_waits_for_call ? "after the call" : "any time", timings.heartbeat.seconds(),
+      timings.peer_down_after.seconds(), timings.peer_dead_after.seconds(), same_host_pm,
+      crash_downtime_max.seconds(), auth ? 1 : 0);
   return buf;
 }
 

@@ -106,6 +106,16 @@ struct SimParams {
   KvMode kv_mode = KvMode::kPush;
   // Read mode's times are in `timings` (read_margin >= write_time_max).
 
+  // The control channel's times (heartbeat, peer_down_after,
+  // peer_dead_after) are in `timings`. Some D/P engine pairs share a host
+  // (same_host_pm per mille): their ranks use a lane, and a P that exits
+  // closes it.
+  uint32_t same_host_pm = 0;
+  // A crashed engine stays away up to this long before its new incarnation
+  // starts (0: it restarts at once).
+  Duration crash_downtime_max = Duration::Zero();
+  bool auth = false;   // handshakes prove a shared token
+
   std::string ToString() const;
 };
 

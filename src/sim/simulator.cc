@@ -29,6 +29,8 @@ const char* KindName(EventKind k) {
     case EventKind::kReadDone: return "read_done";
     case EventKind::kRankAbort: return "rank_abort";
     case EventKind::kDrainCheck: return "drain_check";
+    case EventKind::kRestart: return "restart";
+    case EventKind::kLaneClosed: return "lane_closed";
   }
   return "?";
 }
@@ -38,12 +40,13 @@ const char* KindName(EventKind k) {
 Simulator::Simulator(const SimParams& params, const SimOptions& options)
     : params_(params), options_(options), prng_(Mix64(params.seed)) {
   result_.seed = params.seed;
+  nonce_prng_ = Prng(Mix64(params.seed ^ 0xA11CEull));
   KV_CHECK(engine::ModelShapeByName("tiny", &shape_));
   const uint32_t n = static_cast<uint32_t>(params_.p_tp.size() + params_.d_tp.size());
   nodes_.resize(n);
   for (uint32_t e = 0; e < n; ++e) BuildNode(e);
   for (uint32_t e = 0; e < n; ++e) {
-    if (!nodes_[e].producer) Handshake(e);
+    if (!nodes_[e].producer) ConnectAll(e);
   }
 }
 
@@ -76,40 +79,79 @@ void Simulator::BuildNode(uint32_t e) {
                                                  : ConnectorRole::kConsumer;
   node.ranks.clear();
   for (uint32_t r = 0; r < node.tp; ++r) {
-    RankConnectorOptions o;
-    o.role = role;
-    o.rank = r;
-    o.tp = node.tp;
-    o.ApplyTimings(params_.timings);
-    o.send.num_workers = params_.num_workers;
-    o.mode = params_.kv_mode;
-    node.ranks.push_back(std::make_unique<RankConnector>(o));
+    RankSessionOptions o;
+    o.connector.role = role;
+    o.connector.rank = r;
+    o.connector.tp = node.tp;
+    o.timings = params_.timings;
+    o.connector.send.num_workers = params_.num_workers;
+    o.connector.mode = params_.kv_mode;
+    o.self.engine_id = e;
+    o.self.incarnation = node.incarnation;
+    o.self.rank = r;
+    o.self.tp = node.tp;
+    o.self.role = static_cast<uint8_t>(role);
+    o.self.layers = shape_.layers;
+    o.self.kv_heads = shape_.kv_heads;
+    o.self.head_dim = shape_.head_dim;
+    o.self.dtype_bytes = shape_.dtype_bytes;
+    o.self.block_tokens = shape_.block_tokens;
+    o.self.num_blocks = blocks;
+    o.self.registration = {static_cast<uint8_t>(e), static_cast<uint8_t>(r)};
+    o.max_tp = engine::kHeadGroups;
+    o.idle_heartbeats = false;  // the run ends when its queue does
+    if (params_.auth) {
+      o.auth_token = "sim-token";
+      o.nonce = [this] {
+        HandshakeNonce n;
+        for (size_t i = 0; i < n.size(); i += 8) {
+          const uint64_t v = nonce_prng_.Next64();
+          for (size_t k = 0; k < 8; ++k) n[i + k] = static_cast<uint8_t>(v >> (8 * k));
+        }
+        return n;
+      };
+    }
+    node.ranks.push_back(std::make_unique<RankSession>(std::move(o)));
   }
   node.timer_at.assign(node.tp, std::nullopt);
   node.step_scheduled = false;
 }
 
-PeerId Simulator::PeerOf(uint32_t engine, uint32_t rank) const {
-  return PeerAddress{engine, rank, nodes_[engine].incarnation}.Id();
+bool Simulator::Live(uint32_t engine, uint64_t incarnation) const {
+  return nodes_[engine].alive && nodes_[engine].incarnation == incarnation;
 }
 
-// Models the connection handshake: D ranks learn every P rank's current
-// incarnation. A newer one proves the old process dead (PeerGone).
-void Simulator::Handshake(uint32_t e) {
-  for (uint32_t d = 0; d < nodes_.size(); ++d) {
-    if (nodes_[d].producer) continue;
-    if (!nodes_[e].producer && d != e) continue;
-    for (uint32_t p = 0; p < nodes_.size(); ++p) {
-      if (!nodes_[p].producer) continue;
-      if (nodes_[e].producer && p != e) continue;
-      for (uint32_t dr = 0; dr < nodes_[d].tp; ++dr) {
-        for (uint32_t pr = 0; pr < nodes_[p].tp; ++pr) {
-          nodes_[d].ranks[dr]->SetPeer(p, pr, PeerOf(p, pr), now_);
-        }
-        DrainRank(d, dr);
+void Simulator::ConnectAll(uint32_t d) {
+  Node& node = nodes_[d];
+  for (uint32_t p = 0; p < nodes_.size(); ++p) {
+    if (!nodes_[p].producer || p == d) continue;
+    for (uint32_t dr = 0; dr < node.tp; ++dr) {
+      for (uint32_t pr : ProducerRanksFor(dr, node.tp, nodes_[p].tp)) {
+        node.ranks[dr]->Connect(p, pr, SameHost(d, p), now_);
       }
+      DrainRank(d, dr);
     }
   }
+}
+
+bool Simulator::ProducersKnown(uint32_t d, uint32_t p) const {
+  const Node& node = nodes_[d];
+  for (uint32_t dr = 0; dr < node.tp; ++dr) {
+    for (uint32_t pr : ProducerRanksFor(dr, node.tp, nodes_[p].tp)) {
+      const ProducerPeer* peer = node.ranks[dr]->Producer(p, pr);
+      if (peer == nullptr || !peer->known || peer->state == ProducerState::kGone) return false;
+    }
+  }
+  return true;
+}
+
+bool Simulator::SameHost(uint32_t d, uint32_t p) const {
+  return Mix64(params_.seed ^ (uint64_t{d} << 32) ^ p) % 1000 < params_.same_host_pm;
+}
+
+std::string Simulator::IdentityOf(uint32_t e, uint32_t r) const {
+  return std::to_string(e) + ":" + std::to_string(r) + ":" +
+         std::to_string(nodes_[e].incarnation);
 }
 
 SimResult Simulator::Run() {
@@ -130,13 +172,17 @@ SimResult Simulator::Run() {
   // A request's own work: a step per prompt token at worst, one per output.
   const Duration work =
       params_.step_time * (params_.max_prompt_blocks * 4 + params_.max_output_tokens + 16);
-  Duration period = params_.timings.GiveUp() + work;
+  // A P that dies is found out within peer_dead_after (and may stay away
+  // crash_downtime_max); a D leg waits that long for its producers.
+  const Duration found = params_.timings.peer_dead_after + params_.timings.heartbeat * 2 +
+                         params_.crash_downtime_max + params_.net_delay_max * 4;
+  Duration period = params_.timings.GiveUp() + work + found;
   if (params_.kv_mode == KvMode::kRead) {
     // A lost notice costs a lease instead: P holds until the lease runs
     // out — the initial one, or the last heartbeat's extension, and D
     // heartbeats no longer than its give-up time.
     period = std::max(params_.timings.lease, params_.timings.GiveUp()) +
-             params_.timings.lease_extension + work;
+             params_.timings.lease_extension + work + found;
   }
   const Instant bound = std::max(t, Instant::Epoch() + params_.fault_phase) +
                         period * (params_.num_requests + 2) + Duration::Seconds(10);
@@ -212,7 +258,15 @@ SimResult Simulator::Run() {
     Hit(Mark::kPrefixHit, node.engine->stats().prefix_hits);
     Hit(Mark::kProducerToken, node.engine->stats().producer_tokens);
     Hit(Mark::kQueueWaitExpired, node.engine->stats().queue_wait_expired);
-    for (const auto& rank : node.ranks) {
+    for (const auto& session : node.ranks) {
+      const RankConnector* rank = &session->connector();
+      const RankSessionStats& ss = session->stats();
+      Hit(Mark::kPeerDown, ss.peers_down);
+      Hit(Mark::kPeerGone, ss.peers_gone - ss.peers_exited);
+      Hit(Mark::kPeerExited, ss.peers_exited);
+      Hit(Mark::kStaleHandshake, ss.stale_handshakes);
+      Hit(Mark::kPeerCameBack, ss.reconnects);
+      Hit(Mark::kPullMisaddressed, ss.pulls_misaddressed);
       if (const SendTable* s = rank->send_table()) {
         const SendTableStats& st = s->stats();
         Hit(Mark::kPullBeforeClaim, st.placeholders);
@@ -294,8 +348,26 @@ void Simulator::Dispatch(const Event& ev) {
     case EventKind::kLegArrive: {
       Client& c = clients_[ev.a];
       Node& node = nodes_[ev.b];
-      if (ev.x != node.incarnation) {
+      if (ev.x != node.incarnation || !node.alive) {
         LegEnded(ev.b, ev.a, LegOutcome::kError);  // connection to a dead process
+        break;
+      }
+      if (!node.producer && c.d_abort_while_waiting) {
+        LegEnded(ev.b, ev.a, LegOutcome::kAborted);
+        break;
+      }
+      if (!node.producer && !ProducersKnown(ev.b, c.p)) {
+        // The runtime's EnsureProducers: wait for a live handshake with
+        // every P rank the load needs, for a while, then fail the leg.
+        const Duration wait = params_.timings.peer_dead_after + params_.timings.heartbeat * 4 +
+                              params_.net_delay_max * 4 + params_.crash_downtime_max;
+        if (Duration::Milliseconds(ev.c) > wait) {
+          Hit(Mark::kProducersUnknown);
+          LegEnded(ev.b, ev.a, LegOutcome::kError);
+          break;
+        }
+        queue_.Push(Event{now_ + Duration::Milliseconds(1), 0, EventKind::kLegArrive, ev.a,
+                          ev.b, ev.c + 1, ev.x});
         break;
       }
       (node.producer ? c.p_arrived : c.d_arrived) = true;
@@ -337,24 +409,31 @@ void Simulator::Dispatch(const Event& ev) {
       ClientAbort(ev.a);
       break;
     case EventKind::kAbortArrive:
-      if (ev.x == nodes_[ev.b].incarnation) {
+      if (Live(ev.b, ev.x) && ev.b == clients_[ev.a].d && !clients_[ev.a].d_arrived &&
+          !clients_[ev.a].d_ended) {
+        clients_[ev.a].d_abort_while_waiting = true;  // its leg still waits for handshakes
+      }
+      if (Live(ev.b, ev.x)) {
         if (nodes_[ev.b].producer) FastAbort(ev.a, ev.b);
         nodes_[ev.b].engine->AbortRequest(ev.a);
         AfterInput(ev.b);
       }
       break;
     case EventKind::kRankAbort:
-      if (ev.x == nodes_[ev.b].incarnation) RankAbort(ev.a, ev.b, ev.c);
+      if (Live(ev.b, ev.x)) RankAbort(ev.a, ev.b, ev.c);
       break;
     case EventKind::kDrainCheck:
       CheckPromptDrain();
       break;
     case EventKind::kEngineStep: {
       Node& node = nodes_[ev.b];
-      if (ev.x != node.incarnation) break;
+      if (!Live(ev.b, ev.x)) break;
       node.step_scheduled = false;
       std::vector<RankReport> reports;
-      for (auto& rank : node.ranks) reports.push_back(rank->GetFinished());
+      for (uint32_t r = 0; r < node.tp; ++r) {
+        reports.push_back(node.ranks[r]->GetFinished(now_));
+        DrainRank(ev.b, r);  // its revokes, before the engine frees a block
+      }
       const Duration spent = node.engine->Step(reports, now_);
       DrainEngine(ev.b);
       bool more = node.engine->HasWork();
@@ -363,10 +442,10 @@ void Simulator::Dispatch(const Event& ev) {
       break;
     }
     case EventKind::kLifecycle:
-      if (ev.x == nodes_[ev.b].incarnation) StartOp(ev.b);
+      if (Live(ev.b, ev.x)) StartOp(ev.b);
       break;
     case EventKind::kLifecycleEnd:
-      if (ev.x == nodes_[ev.b].incarnation) {
+      if (Live(ev.b, ev.x)) {
         nodes_[ev.b].engine->Resume();
         nodes_[ev.b].engine->WakeUp();
         AfterInput(ev.b);
@@ -374,10 +453,11 @@ void Simulator::Dispatch(const Event& ev) {
       break;
     case EventKind::kRankTimer: {
       Node& node = nodes_[ev.b];
-      if (ev.x != node.incarnation) break;
+      if (!Live(ev.b, ev.x)) break;
       if (node.timer_at[ev.c] == ev.at) node.timer_at[ev.c].reset();
       node.ranks[ev.c]->OnTimer(now_);
       DrainRank(ev.b, ev.c);
+      if (!node.producer) CheckDeadProducers(ev.b, ev.c);
       break;
     }
     case EventKind::kDeliver:
@@ -408,7 +488,25 @@ void Simulator::Dispatch(const Event& ev) {
       reconnect_pending_.erase(ConnKey(ev.b, ev.c, ev.a, static_cast<uint32_t>(ev.x)));
       Node& d = nodes_[ev.b];
       if (ev.c >= d.tp || Partitioned(ev.a, ev.b)) break;
-      d.ranks[ev.c]->Reconnected(PeerOf(ev.a, static_cast<uint32_t>(ev.x)), now_);
+      if (!d.alive) break;
+      d.ranks[ev.c]->OnReconnected(ev.a, static_cast<uint32_t>(ev.x), now_);
+      DrainRank(ev.b, ev.c);
+      break;
+    }
+    case EventKind::kRestart:
+      if (ev.x == nodes_[ev.b].incarnation && !nodes_[ev.b].alive) Restart(ev.b);
+      break;
+    case EventKind::kLaneClosed: {
+      Node& d = nodes_[ev.b];
+      const uint32_t pr = static_cast<uint32_t>(ev.x), inc = static_cast<uint32_t>(ev.x >> 32);
+      const LinkKey link{ev.b, ev.c, ev.a, pr};
+      if (!d.alive || ev.c >= d.tp || lanes_.count(link) == 0) break;
+      // The lane of that incarnation: one the session replaced (it saw the
+      // restart first) closed unnoticed, as the runtime's retired lanes do.
+      const ProducerPeer* peer = d.ranks[ev.c]->Producer(ev.a, pr);
+      if (peer == nullptr || (peer->known && peer->peer.generation != inc)) break;
+      lanes_.erase(link);
+      d.ranks[ev.c]->OnLaneClosed(ev.a, pr, /*process_gone=*/true, now_);
       DrainRank(ev.b, ev.c);
       break;
     }
@@ -443,6 +541,9 @@ void Simulator::AfterInput(uint32_t engine) {
 // clients, metadata to the ranks, operation results to the record.
 void Simulator::DrainEngine(uint32_t e) {
   Node& node = nodes_[e];
+  // What the engine freed, checked against the grants and jobs as they
+  // were when it freed them: before this batch's metadata grants anew.
+  BlocksFreedCheck(e);
   while (auto a = node.engine->PollAction()) {
     if (options_.trace) TraceAction(e, *a);
     if (auto* t = std::get_if<engine::TokenOut>(&*a)) {
@@ -463,7 +564,6 @@ void Simulator::DrainEngine(uint32_t e) {
       OnOpDone(e, *op);
     }
   }
-  BlocksFreedCheck(e);
 }
 
 // Every token a leg produced is what the model gives for its prompt, under
@@ -628,7 +728,8 @@ void Simulator::FastAbort(uint32_t request, uint32_t engine) {
 
 void Simulator::RankAbort(uint32_t request, uint32_t engine, uint32_t rank) {
   const TransferId t = clients_[request].transfer;
-  RankConnector& rc = *nodes_[engine].ranks[rank];
+  RankSession& session = *nodes_[engine].ranks[rank];
+  const RankConnector& rc = session.connector();
   Hit(Mark::kFastAbort);
   if (const SendTable* st = rc.send_table()) {
     if (!st->StateOf(t) && !st->HasTombstone(t)) Hit(Mark::kFastAbortBeforeClaim);
@@ -637,7 +738,7 @@ void Simulator::RankAbort(uint32_t request, uint32_t engine, uint32_t rank) {
   }
   ConnectorMetadata meta;
   meta.aborts.push_back(AbortSendOp{t});
-  rc.ApplyMetadata(meta, now_);
+  session.ApplyMetadata(meta, now_);
   DrainRank(engine, rank);
 }
 
@@ -670,11 +771,13 @@ void Simulator::MaybeInjectFault() {
 void Simulator::CheckAll() {
   for (const Node& node : nodes_) {
     node.engine->CheckInvariants();
-    for (const auto& rank : node.ranks) {
-      rank->CheckInvariants();
+    for (const auto& session : node.ranks) {
+      session->CheckInvariants();
+      const RankConnector* rank = &session->connector();
       // Read mode: P holds KV no longer than its lease (plus a timer that
-      // runs late) — not the abort timeout, whatever D does.
-      if (const LeaseTable* l = rank->lease_table()) {
+      // runs late) — not the abort timeout, whatever D does. (A process
+      // that died, waiting for its restart, holds nothing.)
+      if (const LeaseTable* l = rank->lease_table(); l != nullptr && node.alive) {
         for (const LeaseView& v : l->Leases()) {
           if (v.state != LeaseState::kWaiting && now_ > v.until + params_.timer_late_max) {
             Violation("P held the KV of transfer " + v.transfer.ToString() +
@@ -705,7 +808,8 @@ void Simulator::CheckDrained() {
     if (node.engine->state() != engine::EngineState::kActive) {
       Violation(name + " not active at the end");
     }
-    for (const auto& rank : node.ranks) {
+    for (const auto& session : node.ranks) {
+      const RankConnector* rank = &session->connector();
       if (const SendTable* s = rank->send_table()) {
         if (s->live_sends() != 0 || s->live_pull_items() != 0 || s->writes_in_flight() != 0) {
           Violation(name + " send table not empty at the end");
@@ -731,9 +835,11 @@ void Simulator::CheckDrained() {
     if (r.used) Violation("a read never completed");
   }
   // Every pull item a live P incarnation accepted was answered (a crashed
-  // incarnation's pending pulls died with it; D gives up on those).
+  // incarnation's pending pulls died with it; D gives up on those), unless
+  // the D process that sent it died: P has nobody to answer.
   for (const auto& [key, rec] : pull_answers_) {
-    if (rec.answers == 0 && nodes_[rec.p_engine].incarnation == rec.p_incarnation) {
+    if (rec.answers == 0 && nodes_[rec.p_engine].incarnation == rec.p_incarnation &&
+        nodes_[rec.d_engine].incarnation == rec.d_incarnation) {
       char at[48];
       std::snprintf(at, sizeof at, "%.6f", rec.received.seconds());
       Violation(std::string("a pull received by engine ") + std::to_string(rec.p_engine) +

@@ -25,8 +25,14 @@
 //               transfer ended. A write into a block its transfer does not
 //               own, or from a P block freed under it, is a violation at the
 //               moment it lands.
-//   Crashes     an engine dies and restarts with a new incarnation; its
-//               peers learn by handshake; stale messages keep arriving.
+//   Crashes     an engine dies and restarts with a new incarnation, at once
+//               or after a downtime; its peers learn by handshake, by
+//               silence, or by a same-host lane closing; stale frames of
+//               the old incarnation keep arriving.
+//
+// Every rank runs the runtime's RankSession: handshakes (with a token in
+// some runs), heartbeats and liveness, grants, lanes — over this network,
+// as encoded wire frames, so the codec is in the loop.
 //
 // After every event the simulator checks the invariants of lifecycle.md
 // (table structure, block conservation, exactly-once answers and
@@ -49,7 +55,7 @@
 #include <vector>
 
 #include "base/prng.h"
-#include "core/rank_connector.h"
+#include "core/rank_session.h"
 #include "sim/coverage.h"
 #include "sim/event_queue.h"
 #include "engine/engine.h"
@@ -126,7 +132,8 @@ class Simulator {
     std::unique_ptr<SimMemory> memory;
     std::unique_ptr<engine::Engine> engine;
     std::map<uint64_t, uint32_t> client_of;   // engine request id → client
-    std::vector<std::unique_ptr<RankConnector>> ranks;
+    std::vector<std::unique_ptr<RankSession>> ranks;
+    bool alive = true;   // false between a crash and its restart
     std::vector<std::optional<Instant>> timer_at;   // per rank
     bool step_scheduled = false;
   };
@@ -140,6 +147,9 @@ class Simulator {
     std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
     bool abort_sent = false;
     bool p_arrived = false, d_arrived = false;
+    // The client gave up while its D leg waited for D's handshakes (the
+    // runtime's server sees the disconnect and ends the wait).
+    bool d_abort_while_waiting = false;
     bool p_admitted = false;   // P's engine accepted the leg (its transfer is the leg's)
     Instant p_last, d_last;   // last client→engine delivery, per leg (FIFO)
   };
@@ -148,7 +158,8 @@ class Simulator {
     uint32_t from_engine = 0, from_rank = 0, from_incarnation = 0;
     uint32_t to_engine = 0, to_rank = 0, to_incarnation = 0;
     uint64_t conn_epoch = 0;
-    PeerMessage msg;
+    bool to_producer = false;     // D → P (else P → D)
+    std::vector<uint8_t> frame;   // one encoded wire frame
   };
   struct Write {
     bool used = false;
@@ -168,11 +179,29 @@ class Simulator {
   };
 
   void BuildNode(uint32_t e);
-  PeerId PeerOf(uint32_t engine, uint32_t rank) const;
-  void Handshake(uint32_t e);
+  // Events carry the incarnation they were meant for: one for a process
+  // that died (or has not restarted yet) finds nobody.
+  bool Live(uint32_t engine, uint64_t incarnation) const;
+  // D engine `d`'s ranks start talking to every P rank (as the runtime's
+  // EnsureProducers does at a request naming it).
+  void ConnectAll(uint32_t d);
+  // Every rank of D engine `d` that pulls from P engine `p` knows a live
+  // incarnation of it (up or down, not gone): a leg may start.
+  bool ProducersKnown(uint32_t d, uint32_t p) const;
+  void Restart(uint32_t e);
   void Dispatch(const Event& ev);
   void DrainRank(uint32_t e, uint32_t r);
-  void SendMessage(uint32_t e, uint32_t r, OutMessage out);
+  void RunAction(uint32_t e, uint32_t r, SessionAction a);
+  // A frame from rank (e, r) to rank (te, tr) of incarnation `to_inc`.
+  void SendFrame(uint32_t e, uint32_t r, uint32_t te, uint32_t tr, uint32_t to_inc,
+                 bool to_producer, std::vector<uint8_t> frame);
+  // Answers P rank (e, r) sends are checked before they leave.
+  bool CheckAnswer(uint32_t e, uint32_t r, PeerId to, const AnswerMsg& answer);
+  // D rank (d, dr): no load waits on a P incarnation that died long enough
+  // ago to have been found out (by its lane, its restart, or silence).
+  void CheckDeadProducers(uint32_t d, uint32_t dr);
+  std::string IdentityOf(uint32_t e, uint32_t r) const;
+  bool SameHost(uint32_t d, uint32_t p) const;
   void Deliver(uint32_t slot);
   void BeginWrite(uint32_t e, uint32_t r, StartWrite w);
   void FinishWrite(uint32_t slot);
@@ -228,9 +257,27 @@ class Simulator {
   std::unordered_map<uint64_t, Instant> conn_last_delivery_;
   std::set<uint64_t> reconnect_pending_;  // one reconnect per connection at a time
   std::map<std::pair<uint32_t, uint32_t>, Instant> partitions_;
+  // Lanes open, (D engine, D rank, P engine, P rank).
+  using LinkKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;
+  std::set<LinkKey> lanes_;
+  // The newest P incarnation each D rank's session has known, per link: it
+  // must never go back (a stale frame accepted).
+  std::map<LinkKey, uint32_t> newest_known_;
+  // Dead P incarnations: when they died, and which D ranks had a lane.
+  struct Death {
+    Instant at;
+    std::set<std::pair<uint32_t, uint32_t>> lanes;  // (D engine, D rank)
+  };
+  std::map<std::pair<uint32_t, uint32_t>, Death> deaths_;  // (engine, incarnation)
+  // (D engine, D rank, P engine, P rank, P incarnation) declared gone while
+  // alive: D freed that producer's loads at once (tcp refuses its late
+  // writes by their revoked grants).
+  std::set<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>> silence_gone_;
+  Prng nonce_prng_{0};
   // Exactly-once answers: every pull item a P rank accepted, by key.
   struct PullRecord {
     uint32_t p_engine = 0, p_incarnation = 0;
+    uint32_t d_engine = 0, d_incarnation = 0;   // who sent it
     uint32_t answers = 0;
     uint32_t deliveries = 0;   // a resent pull is delivered again
     TransferResult first_result = TransferResult::kOk;
