@@ -24,6 +24,15 @@ RegionLayout LayoutFor(const engine::ModelShape& shape, uint32_t tp, uint32_t nu
   return layout;
 }
 
+bool BlocksFit(std::span<const BlockId> src, uint32_t src_pool, std::span<const BlockId> dst,
+               uint32_t dst_pool) {
+  if (src.size() != dst.size() || dst.empty()) return false;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (src[i].index >= src_pool || dst[i].index >= dst_pool) return false;
+  }
+  return true;
+}
+
 std::vector<Segment> PlanWrite(const engine::ModelShape& shape, uint32_t p_tp, uint32_t p_rank,
                                uint32_t p_num_blocks, uint32_t d_tp, uint32_t d_rank,
                                uint32_t d_num_blocks, std::span<const BlockId> src,

@@ -39,6 +39,12 @@ GroupRange GroupsOfRank(uint32_t tp, uint32_t rank);
 // REQUIRES: tp divides kHeadGroups; shape.kv_heads % kHeadGroups == 0.
 RegionLayout LayoutFor(const engine::ModelShape& shape, uint32_t tp, uint32_t num_blocks);
 
+// Block ids that came from a peer, checked before planning (a bad id is the
+// peer's error, answered as a failed job, never a crash): as many sources
+// as destinations, at least one, each inside its pool.
+bool BlocksFit(std::span<const BlockId> src, uint32_t src_pool, std::span<const BlockId> dst,
+               uint32_t dst_pool);
+
 // The segments that copy P rank `p_rank`'s blocks src[i] (of a region laid
 // out by LayoutFor(shape, p_tp, p_num_blocks)) into D rank `d_rank`'s
 // blocks dst[i] (LayoutFor(shape, d_tp, d_num_blocks)), for the head groups

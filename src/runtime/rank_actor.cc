@@ -3,12 +3,9 @@
 #include <zmq.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/tp_mapping.h"
-#include "net/write_plan.h"
 #include "runtime/clock.h"
-#include "runtime/local_lane.h"
 #include "runtime/log.h"
 #include "runtime/os_random.h"
 #include "runtime/thread_priority.h"
@@ -40,31 +37,25 @@ RankActor::RankActor(const RankActorOptions& options, void* zmq_context,
       session_(SessionOptions()),
       inbox_(65536),
       writers_(std::make_unique<WriterPool>(options.num_workers,
-                                            size_t{options.num_workers} * 4)) {}
+                                            size_t{options.num_workers} * 4)),
+      lanes_(options.rank, LaneLimitsFor(options), options.timings.peer_down_after, &counters_,
+             &driver_malformed_) {}
 
 RankActor::~RankActor() { Stop(); }
 
 Status RankActor::Start() {
   if (options_.role != ConnectorRole::kConsumer) {
-    router_ = zmq_socket(zmq_, ZMQ_ROUTER);
-    const int one = 1, zero = 0;
-    zmq_setsockopt(router_, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    zmq_setsockopt(router_, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-    zmq_setsockopt(router_, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(router_, ZMQ_SNDHWM, &options_.socket_hwm, sizeof(int));
-    zmq_setsockopt(router_, ZMQ_RCVHWM, &options_.socket_hwm, sizeof(int));
-    const int64_t max_msg = options_.limits.max_frame_bytes;
-    zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
     const std::string ep = Endpoint(options_.listen_host, options_.ctrl_port + options_.rank);
-    if (zmq_bind(router_, ep.c_str()) != 0) {
-      const std::string err = zmq_strerror(zmq_errno());
-      zmq_close(router_);
-      router_ = nullptr;
-      return Status(StatusCode::kUnavailable, "rank " + std::to_string(options_.rank) +
-                                                  ": cannot bind control channel " + ep +
-                                                  ": " + err);
+    Result<void*> router = BindRouter(zmq_, ep, ZmqLimits());
+    if (!router.ok()) {
+      return Status(router.status().code(),
+                    "rank " + std::to_string(options_.rank) + ": " + router.status().message());
     }
-    ListenForLanes();
+    router_ = *router;
+    if (options_.local_lane) {
+      lanes_.Listen(LaneAddress(options_.engine_id, options_.rank,
+                                options_.ctrl_port + options_.rank));
+    }
   }
   next_chores_ = MonoNow();
   thread_ = std::thread([this] {
@@ -94,19 +85,15 @@ void RankActor::Stop() {
 }
 
 void RankActor::PostMetadata(const ConnectorMetadata& meta) {
-  inbox_.Post([this, meta] { ApplyMetadata(meta); });
+  inbox_.Post([this, meta] { session_.ApplyMetadata(meta, MonoNow()); });
 }
 
 bool RankActor::TryPostMetadata(const ConnectorMetadata& meta) {
   const Instant posted = MonoNow();
   return inbox_.TryPost([this, meta, posted] {
     if (sink_.posted_to_applied) sink_.posted_to_applied((MonoNow() - posted).seconds());
-    ApplyMetadata(meta);
+    session_.ApplyMetadata(meta, MonoNow());
   });
-}
-
-void RankActor::ApplyMetadata(const ConnectorMetadata& meta) {
-  session_.ApplyMetadata(meta, MonoNow());
 }
 
 Status RankActor::EnsureProducers(uint32_t engine, const std::string& host, uint16_t port,
@@ -145,39 +132,10 @@ std::optional<RankState> RankActor::State() {
   auto p = std::make_shared<std::promise<RankState>>();
   auto f = p->get_future();
   if (!inbox_.Post([this, p] {
-        RankState s;
-        s.rank = options_.rank;
-        s.now = MonoNow();
-        const RankConnector& conn = session_.connector();
-        if (const SendTable* t = conn.send_table()) {
-          s.sends = t->Sends();
-          s.send_stats = t->stats();
-          s.writes_in_flight = t->writes_in_flight();
-          s.queued_for_sender = t->queued_for_sender();
-          s.tombstones = t->tombstones();
-        }
-        if (const LoadTable* t = conn.load_table()) {
-          s.loads = t->Loads();
-          s.load_stats = t->stats();
-        }
-        s.mode = conn.mode();
-        if (const LeaseTable* t = conn.lease_table()) {
-          s.leases = t->Leases();
-          s.lease_stats = t->stats();
-          s.tombstones = t->tombstones();
-        }
-        if (const ReadLoadTable* t = conn.read_table()) {
-          s.loads = t->Loads();
-          s.read_stats = t->stats();
-        }
-        s.connector_stats = conn.stats();
-        for (const auto& [key, pr] : session_.producers()) {
-          auto c = conns_.find(key);
-          s.peers.push_back(PeerView{pr.engine, pr.rank, pr.peer,
-                                     c == conns_.end() ? "" : c->second.endpoint,
-                                     ProducerStateName(pr.state),
-                                     pr.known ? (s.now - pr.last_heard).seconds() : 0});
-        }
+        RankState s = StateOf(session_, options_.rank, MonoNow(), [this](uint32_t e, uint32_t r) {
+          auto c = conns_.find({e, r});
+          return c == conns_.end() ? std::string() : c->second.endpoint;
+        });
         p->set_value(std::move(s));
       })) {
     return std::nullopt;
@@ -197,7 +155,7 @@ void RankActor::Loop() {
     Polled kind;
     LocalLane* lane = nullptr;
     Conn* conn = nullptr;
-    PolledWrite* write = nullptr;
+    size_t write = 0;  // kWrite: the index PolledWrites::Prepare gave it
   };
   std::vector<Entry> polled;
   auto lane_events = [](const LocalLane& l) {
@@ -206,18 +164,17 @@ void RankActor::Loop() {
   while (!stop_) {
     items.clear();
     polled.clear();
-    std::erase_if(polled_writes_, [](const auto& w) { return w->over; });
     items.push_back(zmq_pollitem_t{nullptr, inbox_.fd(), ZMQ_POLLIN, 0});
     bool buffered = false;  // a lane holds a whole frame it did not deliver
     if (router_ != nullptr) {
       items.push_back(zmq_pollitem_t{router_, 0, ZMQ_POLLIN, 0});
       polled.push_back({Polled::kRouter});
     }
-    if (lane_listener_ != nullptr) {
-      items.push_back(zmq_pollitem_t{nullptr, lane_listener_->fd(), ZMQ_POLLIN, 0});
+    if (lanes_.listener_fd() >= 0) {
+      items.push_back(zmq_pollitem_t{nullptr, lanes_.listener_fd(), ZMQ_POLLIN, 0});
       polled.push_back({Polled::kListener});
     }
-    for (auto& l : d_lanes_) {
+    for (auto& l : lanes_.lanes()) {
       if (l->broken()) continue;  // broken since the last sweep; goes at the next
       items.push_back(zmq_pollitem_t{nullptr, l->fd(), lane_events(*l), 0});
       polled.push_back({Polled::kDLane, l.get()});
@@ -233,12 +190,10 @@ void RankActor::Loop() {
       }
     }
     Instant now = MonoNow();
-    Instant wake = std::min(next_chores_, ExpirePolledWrites(now));
-    for (auto& w : polled_writes_) {
-      if (w->over) continue;  // abandoned just now
-      const short events = w->write->wants_write() ? ZMQ_POLLOUT : ZMQ_POLLIN;
-      items.push_back(zmq_pollitem_t{nullptr, w->write->fd(), events, 0});
-      polled.push_back({Polled::kWrite, nullptr, nullptr, w.get()});
+    const size_t first_write = items.size();
+    Instant wake = std::min(next_chores_, polled_.Prepare(now, &items));
+    for (size_t i = first_write; i < items.size(); ++i) {
+      polled.push_back({Polled::kWrite, nullptr, nullptr, i - first_write});
     }
     if (auto d = session_.NextDeadline()) wake = std::min(wake, *d);
     // Outcomes Pump left for lack of rounds (a long chain of inline
@@ -256,22 +211,33 @@ void RankActor::Loop() {
       const short ev = items[i + 1].revents;
       switch (e.kind) {
         case Polled::kRouter:
-          if (ev & ZMQ_POLLIN) DrainRouter();
+          if (ev & ZMQ_POLLIN) {
+            driver_malformed_ += DrainRouter(router_, [this](const std::string& id,
+                                                             const uint8_t* data, size_t size) {
+              OnFrame(&id, nullptr, data, size);
+            });
+          }
           break;
         case Polled::kListener:
-          if (ev & ZMQ_POLLIN) AcceptLanes();
+          if (ev & ZMQ_POLLIN) lanes_.Accept(MonoNow());
           break;
         case Polled::kDLane:
           if (ev & ZMQ_POLLOUT) e.lane->Flush();
           if ((ev & (ZMQ_POLLIN | ZMQ_POLLERR)) || e.lane->has_buffered_frame()) {
-            ReadDLane(*e.lane);
+            lanes_.Read(*e.lane, [this](const std::string& id, const uint8_t* data,
+                                        size_t size) { OnFrame(&id, nullptr, data, size); });
           }
           break;
         case Polled::kDealer:
-          if (ev & ZMQ_POLLIN) DrainDealer(*e.conn);
+          if (ev & ZMQ_POLLIN) {
+            Conn& c = *e.conn;
+            DrainDealer(c.sock, [this, &c](const uint8_t* data, size_t size) {
+              OnFrame(nullptr, &c, data, size);
+            });
+          }
           break;
         case Polled::kWrite:
-          if (ev != 0) ProgressPolledWrite(*e.write);  // POLLERR/POLLHUP too: it finds out
+          if (ev != 0) polled_.Progress(e.write);  // POLLERR/POLLHUP too: it finds out
           break;
         case Polled::kPLane:
           // The lane may have been replaced (a P restart) since the poll.
@@ -291,64 +257,16 @@ void RankActor::Loop() {
     if (auto d = session_.NextDeadline(); d && *d <= now) session_.OnTimer(now);
     if (now >= next_chores_) Chores(now);
     Pump();
-    PublishStats();
+    Publish(session_.stats(), driver_malformed_, send_failures_, &counters_);
   }
   // Shutdown: say goodbye to nothing; close the sockets (linger 0). A
   // write still waiting for its reply ends failed (its stream is closed).
-  polled_writes_.clear();
+  polled_.Clear();
   for (auto& [key, c] : conns_) zmq_close(c.sock);
   conns_.clear();
-  lane_of_identity_.clear();
-  d_lanes_.clear();
-  lane_listener_.reset();
+  lanes_.Clear();
   if (router_ != nullptr) zmq_close(router_);
   router_ = nullptr;
-}
-
-void RankActor::DrainRouter() {
-  zmq_msg_t id, body;
-  for (int n = 0; n < 4096; ++n) {
-    zmq_msg_init(&id);
-    if (zmq_msg_recv(&id, router_, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&id);
-      return;
-    }
-    std::string identity(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
-    zmq_msg_close(&id);
-    bool more = false;
-    int rc;
-    // Exactly one body frame after the identity; extra frames are dropped.
-    int frames = 0;
-    do {
-      zmq_msg_init(&body);
-      rc = zmq_msg_recv(&body, router_, 0);
-      if (rc >= 0) {
-        more = zmq_msg_more(&body) != 0;
-        if (frames++ == 0) {
-          OnFrame(&identity, nullptr, static_cast<const uint8_t*>(zmq_msg_data(&body)),
-                  zmq_msg_size(&body));
-        } else {
-          ++driver_malformed_;
-        }
-      } else {
-        more = false;
-      }
-      zmq_msg_close(&body);
-    } while (more);
-  }
-}
-
-void RankActor::DrainDealer(Conn& c) {
-  zmq_msg_t body;
-  for (int n = 0; n < 4096; ++n) {
-    zmq_msg_init(&body);
-    if (zmq_msg_recv(&body, c.sock, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&body);
-      return;
-    }
-    OnFrame(nullptr, &c, static_cast<const uint8_t*>(zmq_msg_data(&body)), zmq_msg_size(&body));
-    zmq_msg_close(&body);
-  }
 }
 
 void RankActor::OnFrame(const std::string* identity, Conn* conn, const uint8_t* data,
@@ -374,37 +292,17 @@ RankActor::Conn& RankActor::ConnFor(uint32_t engine, uint32_t rank, const std::s
   c.port = uint32_t{port} + rank;
   c.endpoint = Endpoint(host, c.port);
   c.same_host = options_.local_lane && SameHost(host);
-  c.sock = zmq_socket(zmq_, ZMQ_DEALER);
-  const int zero = 0;
-  zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(c.sock, ZMQ_SNDHWM, &options_.socket_hwm, sizeof(int));
-  zmq_setsockopt(c.sock, ZMQ_RCVHWM, &options_.socket_hwm, sizeof(int));
-  const int64_t max_msg = options_.limits.max_frame_bytes;
-  zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
-  const std::string id = RoutingId();
-  zmq_setsockopt(c.sock, ZMQ_ROUTING_ID, id.data(), id.size());
-  const int interval_ms = 100;
-  zmq_setsockopt(c.sock, ZMQ_RECONNECT_IVL, &interval_ms, sizeof interval_ms);
-  // A link that went silent (a partition) must not stay on its old TCP
-  // connection, whose retransmission backoff grows to minutes: ZMTP pings
-  // drop a connection silent for peer_down_after and ZeroMQ reconnects
-  // (each attempt bounded), so a healed link is used within a second or so.
-  const int ping_ms = static_cast<int>(options_.timings.heartbeat.millis());
-  const int ping_timeout_ms = static_cast<int>(options_.timings.peer_down_after.millis());
-  const int connect_timeout_ms = 1000;
-  zmq_setsockopt(c.sock, ZMQ_HEARTBEAT_IVL, &ping_ms, sizeof ping_ms);
-  zmq_setsockopt(c.sock, ZMQ_HEARTBEAT_TIMEOUT, &ping_timeout_ms, sizeof ping_timeout_ms);
-  zmq_setsockopt(c.sock, ZMQ_CONNECT_TIMEOUT, &connect_timeout_ms, sizeof connect_timeout_ms);
-  if (zmq_connect(c.sock, c.endpoint.c_str()) != 0) {
-    Log("rank", "cannot connect to %s: %s", c.endpoint.c_str(), zmq_strerror(zmq_errno()));
-  }
+  // ZMTP pings drop a connection silent for peer_down_after (a partition):
+  // ZeroMQ reconnects, rather than wait out TCP's retransmission backoff.
+  c.sock = ConnectDealer(zmq_, c.endpoint, RoutingId(), options_.timings.heartbeat,
+                         options_.timings.peer_down_after, ZmqLimits());
   session_.Connect(engine, rank, c.same_host, MonoNow());
   return c;
 }
 
 void RankActor::Chores(Instant now) {
   next_chores_ = now + options_.timings.heartbeat;
-  CloseUnattachedLanes(now);
+  lanes_.CloseUnattached(now);
   for (auto& [key, c] : conns_) CheckLanePeerGone(c, now);
 }
 
@@ -416,17 +314,16 @@ void RankActor::CheckLanePeerGone(Conn& c, Instant now) {
 
 bool RankActor::SendFrame(void* sock, const std::string* identity,
                           const std::vector<uint8_t>& frame) {
-  if (identity != nullptr &&
-      zmq_send(sock, identity->data(), identity->size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-    ++send_failures_;
-    return false;
-  }
-  if (zmq_send(sock, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0) {
+  if (!SendZmqFrame(sock, identity, frame)) {
     ++send_failures_;
     return false;
   }
   ++counters_.frames_out;
   return true;
+}
+
+ZmqSocketLimits RankActor::ZmqLimits() const {
+  return ZmqSocketLimits{options_.socket_hwm, int64_t{options_.limits.max_frame_bytes}};
 }
 
 // --- the session's actions ---------------------------------------------------
@@ -527,27 +424,6 @@ void RankActor::Run(SessionAction a) {
       LogOnce("rank", l->once_key, l->text);
     }
   }
-}
-
-void RankActor::PublishStats() {
-  const RankSessionStats& s = session_.stats();
-  auto set = [](std::atomic<uint64_t>& to, uint64_t v) { to.store(v, std::memory_order_relaxed); };
-  set(counters_.frames_in, s.frames_in);
-  set(counters_.malformed, s.malformed + driver_malformed_);
-  for (int i = 0; i < kWireLimitCount; ++i) set(counters_.over_limit[i], s.over_limit[i]);
-  set(counters_.unknown_sender, s.unknown_sender);
-  set(counters_.handshake_refused, s.handshake_refused);
-  set(counters_.unroutable, s.unroutable + send_failures_);
-  set(counters_.handshakes, s.handshakes);
-  set(counters_.peers_down, s.peers_down);
-  set(counters_.peers_gone, s.peers_gone);
-  set(counters_.reconnects, s.reconnects);
-  set(counters_.pulls_sent, s.pulls_sent);
-  set(counters_.answers_received, s.answers_received);
-  set(counters_.auth_failed, s.auth_failed);
-  set(counters_.pulls_refused_unauthenticated, s.pulls_refused_unauthenticated);
-  set(counters_.pulls_refused_dst, s.pulls_refused_dst);
-  set(counters_.pulls_misaddressed, s.pulls_misaddressed);
 }
 
 HandshakeMsg RankActor::OwnHandshake() const {

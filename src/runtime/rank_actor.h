@@ -34,7 +34,6 @@
 // session, sockets and maps are touched only by the actor's thread.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -47,17 +46,17 @@
 
 #include "base/mutex.h"
 #include "core/rank_session.h"
-#include "core/wire.h"
 #include "engine/model.h"
 #include "net/transport.h"
 #include "runtime/engine_actor.h"
 #include "runtime/inbox.h"
-#include "runtime/local_lane.h"
+#include "runtime/lane_hub.h"
+#include "runtime/polled_writes.h"
 #include "runtime/rank_state.h"
 #include "runtime/writer_pool.h"
+#include "runtime/zmq_channel.h"
 
 namespace kvrelay::runtime {
-
 
 struct RankActorOptions {
   uint32_t engine_id = 0;
@@ -89,6 +88,9 @@ struct RankActorOptions {
   int thread_slice_us = 0;             // the actor thread's EEVDF slice; 0: inherited
   std::string auth_token;              // shared secret; empty: no authentication
 };
+
+// The lane limits of a rank: ZeroMQ's frame cap and queue bound.
+LaneLimits LaneLimitsFor(const RankActorOptions& o);
 
 class RankActor {
  public:
@@ -135,9 +137,6 @@ class RankActor {
   };
 
   void Loop();
-  void ApplyMetadata(const ConnectorMetadata& meta);  // actor thread
-  void DrainRouter();
-  void DrainDealer(Conn& c);
   void OnFrame(const std::string* identity, Conn* conn, const uint8_t* data, size_t size);
   HandshakeMsg OwnHandshake() const;
   RankSessionOptions SessionOptions() const;
@@ -148,34 +147,15 @@ class RankActor {
   void Pump();
   void RunActions();
   void Run(SessionAction a);
-  void PublishStats();
   void StartWriteJob(StartWrite w);
   // The end of a write: counts it (any thread), then (actor thread) queues
   // its outcome for the session and drops a target that lost its peer.
   void CountWrite(const Status& s, uint64_t bytes, Instant started);
   void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
-  // P: a small write the loop drives (net::PendingWrite): its first step
-  // at the start, then one each time its socket is ready; at its
-  // give_up_at() it is abandoned (kDeadlineExceeded at the pull's deadline,
-  // kUnavailable when it stalled first, as a pool write's would).
-  struct PolledWrite {
-    std::shared_ptr<net::Target> target;  // declared first: outlives `write`
-    std::unique_ptr<net::PendingWrite> write;
-    WriteId id;
-    PeerId peer;
-    uint64_t bytes = 0;
-    Instant started;
-    bool over = false;
-  };
-  bool StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started);
-  void ProgressPolledWrite(PolledWrite& w);
-  void FinishPolledWrite(PolledWrite& w, const Status& s);
-  // Abandons the writes past their give_up_at(); returns the earliest
-  // give_up_at() of those still running (Never if none).
-  Instant ExpirePolledWrites(Instant now);
   void StartReadJob(StartRead r);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
   bool SendFrame(void* sock, const std::string* identity, const std::vector<uint8_t>& frame);
+  ZmqSocketLimits ZmqLimits() const;
   // A frame to a D rank (its lane if attached, else the ROUTER) and to a P
   // rank (the lane if open, else the DEALER).
   bool SendToD(const std::string& identity, const std::vector<uint8_t>& frame);
@@ -185,12 +165,8 @@ class RankActor {
   // D: may a P rank whose control endpoint is at `host` be on this host?
   bool SameHost(const std::string& host) const;
   std::string RoutingId() const;
-  void ListenForLanes();                    // P, at Start
-  void CloseUnattachedLanes(Instant now);   // P, each heartbeat
   // D: opens a lane to `c`'s P rank, replacing any old one (false: none).
   bool ConnectLane(Conn& c);
-  void AcceptLanes();                 // P
-  void ReadDLane(LocalLane& lane);    // P: frames from a D rank's lane
   void SweepLanes();                  // drops broken lanes, both sides
 
   const RankActorOptions options_;
@@ -208,22 +184,18 @@ class RankActor {
 
   // Actor thread only.
   void* router_ = nullptr;
-  std::unique_ptr<LaneListener> lane_listener_;             // P
-  std::vector<std::unique_ptr<LocalLane>> d_lanes_;         // P: accepted, ≤ kMaxLanes
-  std::unordered_map<std::string, LocalLane*> lane_of_identity_;  // P: attached lanes
   // D: lanes replaced while a poll round may still point at them; freed
   // by SweepLanes at the end of the round.
   std::vector<std::unique_ptr<LocalLane>> retired_lanes_;
   std::map<std::pair<uint32_t, uint32_t>, Conn> conns_;
   std::unordered_map<uint32_t, DTarget> targets_;  // P: by peer index
   std::vector<std::pair<WriteId, bool>> deferred_write_done_;
-  // P: at most the send table's writes in flight (num_workers); ended ones
-  // are dropped at the top of the next loop pass.
-  std::vector<std::unique_ptr<PolledWrite>> polled_writes_;
+  PolledWrites polled_;  // P: small writes the loop drives (≤ num_workers, the send table's bound)
   std::vector<std::pair<ReadId, bool>> deferred_read_done_;
   Instant next_chores_;
   uint64_t send_failures_ = 0;     // frames no socket took (counted as unroutable)
   uint64_t driver_malformed_ = 0;  // frames or block ids refused here, not by the session
+  LaneHub lanes_;                  // P: the lanes of this host's D ranks
 
   // EnsureProducers waiters.
   Mutex known_mu_;

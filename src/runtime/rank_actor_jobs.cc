@@ -23,32 +23,6 @@
 
 namespace kvrelay::runtime {
 
-namespace {
-// Lets a read run on the WriterPool: the pool moves bytes through a
-// Target; this one pulls them from P's region instead (Source::Read).
-class ReadThroughSource final : public net::Target {
- public:
-  explicit ReadThroughSource(std::shared_ptr<net::Source> source) : source_(std::move(source)) {}
-  Status Write(TransferId transfer, std::span<const net::Segment> segments, Instant) override {
-    return source_->Read(transfer, segments);
-  }
-
- private:
-  std::shared_ptr<net::Source> source_;
-};
-
-// Block ids that come from a peer, checked before planning (a bad id is the
-// peer's error, answered as a failed job, never a crash): as many sources as
-// destinations, at least one, each inside its pool.
-bool BlocksFit(const std::vector<BlockId>& src, uint32_t src_pool,
-               const std::vector<BlockId>& dst, uint32_t dst_pool) {
-  if (src.size() != dst.size() || dst.empty()) return false;
-  for (size_t i = 0; i < dst.size(); ++i) {
-    if (src[i].index >= src_pool || dst[i].index >= dst_pool) return false;
-  }
-  return true;
-}
-}  // namespace
 
 void RankActor::StartReadJob(StartRead r) {
   const ProducerPeer* p = session_.ProducerOf(r.peer);
@@ -58,7 +32,7 @@ void RankActor::StartReadJob(StartRead r) {
     return;
   }
   const Conn& c = it->second;
-  if (!BlocksFit(r.src, p->num_blocks, r.dst, options_.num_blocks)) {  // P's ids
+  if (!net::BlocksFit(r.src, p->num_blocks, r.dst, options_.num_blocks)) {  // P's ids
     ++driver_malformed_;
     LogOnce("rank", "bad_src", "rank " + std::to_string(options_.rank) +
                                    ": a grant named blocks outside P's pool (or a different "
@@ -67,7 +41,7 @@ void RankActor::StartReadJob(StartRead r) {
     return;
   }
   WriteJob job;
-  job.target = std::make_shared<ReadThroughSource>(c.source);
+  job.target = ReadAsWrite(c.source);
   job.transfer = r.transfer;
   // Planned as P would write it: src offsets in P's region, dst in ours.
   job.segments = net::PlanWrite(options_.shape, p->tp, p->rank, p->num_blocks, options_.tp,
@@ -109,7 +83,7 @@ void RankActor::StartWriteJob(StartWrite w) {
     deferred_write_done_.emplace_back(w.write, false);  // gone, or its target broke
     return;
   }
-  if (!BlocksFit(w.src, options_.num_blocks, w.dst, d->num_blocks)) {  // D's ids
+  if (!net::BlocksFit(w.src, options_.num_blocks, w.dst, d->num_blocks)) {  // D's ids
     ++driver_malformed_;
     LogOnce("rank", "bad_dst", "rank " + std::to_string(options_.rank) +
                                    ": a pull named blocks outside D's pool (or a different "
@@ -129,18 +103,25 @@ void RankActor::StartWriteJob(StartWrite w) {
   const PeerId peer = w.peer;
   const uint64_t bytes = job.bytes;
   const Instant started = MonoNow();
+  // On this thread: the outcome is queued before Pump looks again, so the
+  // answer leaves in this same turn of the loop.
+  auto here = [this, id, peer, bytes, started](const Status& s) {
+    CountWrite(s, bytes, started);
+    OnWriteJobDone(id, peer, s.ok(), s.code() == StatusCode::kUnavailable);
+  };
   if (bytes <= options_.inline_write_bytes && target->CopiesInPlace()) {
-    // Here, now: the outcome is queued before Pump looks again, so the
-    // answer leaves in this same turn of the loop.
-    ++counters_.writes_inline;
-    job.done = [this, id, peer, bytes, started](const Status& s) {
-      CountWrite(s, bytes, started);
-      OnWriteJobDone(id, peer, s.ok(), s.code() == StatusCode::kUnavailable);
-    };
+    ++counters_.writes_inline;  // a copy between local mappings, now
+    job.done = here;
     WriterPool::RunJob(job);
     return;
   }
-  if (bytes <= options_.inline_write_bytes && StartPolledWrite(job, id, peer, started)) return;
+  if (bytes <= options_.inline_write_bytes) {
+    job.done = here;  // a tcp frame sent without waiting, its reply polled
+    if (polled_.Start(job)) {
+      ++counters_.writes_inline;
+      return;
+    }
+  }
   job.done = [this, id, peer, bytes, started](const Status& s) {
     CountWrite(s, bytes, started);
     const bool ok = s.ok();
@@ -148,49 +129,6 @@ void RankActor::StartWriteJob(StartWrite w) {
     inbox_.Post([this, id, ok, broken, peer] { OnWriteJobDone(id, peer, ok, broken); });
   };
   if (!writers_->Submit(std::move(job))) deferred_write_done_.emplace_back(id, false);
-}
-
-bool RankActor::StartPolledWrite(const WriteJob& job, WriteId id, PeerId peer, Instant started) {
-  std::unique_ptr<net::PendingWrite> pending =
-      job.target->StartWrite(job.transfer, job.segments, job.deadline);
-  if (pending == nullptr) return false;  // no such path, no idle stream, or too late
-  ++counters_.writes_inline;
-  auto w = std::make_unique<PolledWrite>();
-  w->target = job.target;
-  w->write = std::move(pending);
-  w->id = id;
-  w->peer = peer;
-  w->bytes = job.bytes;
-  w->started = started;
-  ProgressPolledWrite(*w);
-  if (!w->over) polled_writes_.push_back(std::move(w));
-  return true;
-}
-
-void RankActor::ProgressPolledWrite(PolledWrite& w) {
-  if (w.over) return;
-  if (std::optional<Status> s = w.write->Progress()) FinishPolledWrite(w, *s);
-}
-
-void RankActor::FinishPolledWrite(PolledWrite& w, const Status& s) {
-  w.over = true;
-  w.write.reset();  // its stream goes back to the pool first
-  CountWrite(s, w.bytes, w.started);
-  OnWriteJobDone(w.id, w.peer, s.ok(), s.code() == StatusCode::kUnavailable);
-}
-
-Instant RankActor::ExpirePolledWrites(Instant now) {
-  Instant next = Instant::Never();
-  for (auto& w : polled_writes_) {
-    if (w->over) continue;
-    const Instant give_up = w->write->give_up_at();
-    if (now < give_up) {
-      next = std::min(next, give_up);
-    } else {
-      FinishPolledWrite(*w, w->write->GiveUp());
-    }
-  }
-  return next;
 }
 
 void RankActor::CountWrite(const Status& s, uint64_t bytes, Instant started) {

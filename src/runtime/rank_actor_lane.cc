@@ -26,36 +26,13 @@ namespace kvrelay::runtime {
 
 namespace {
 
-constexpr size_t kMaxLanes = 1024;  // P: lanes accepted at once
+}  // namespace
 
 LaneLimits LaneLimitsFor(const RankActorOptions& o) {
   LaneLimits l;
   l.max_frame_bytes = o.limits.max_frame_bytes;
   l.max_frames = static_cast<size_t>(std::max(o.socket_hwm, 1));
   return l;
-}
-
-}  // namespace
-
-void RankActor::ListenForLanes() {
-  if (!options_.local_lane) return;
-  const std::string name =
-      LaneAddress(options_.engine_id, options_.rank, options_.ctrl_port + options_.rank);
-  auto listener = LaneListener::Bind(name);
-  if (listener.ok()) {
-    lane_listener_ = std::move(*listener);
-  } else {
-    Log("rank", "rank %u: no local lane (@%s: %s); D ranks use ZeroMQ", options_.rank,
-        name.c_str(), listener.status().message().c_str());
-  }
-}
-
-void RankActor::CloseUnattachedLanes(Instant now) {
-  for (auto& l : d_lanes_) {
-    if (!l->broken() && l->identity().empty() && now >= l->attach_deadline()) {
-      l->Break("no attach within " + std::to_string(options_.timings.peer_down_after.millis()) + " ms");
-    }
-  }
 }
 
 bool RankActor::SameHost(const std::string& host) const {
@@ -87,54 +64,13 @@ bool RankActor::ConnectLane(Conn& c) {
   return true;
 }
 
-void RankActor::AcceptLanes() {
-  for (int n = 0; n < 64; ++n) {
-    const int fd = lane_listener_->Accept();
-    if (fd < 0) return;
-    if (d_lanes_.size() >= kMaxLanes) {
-      close(fd);
-      LogOnce("rank", "lanes_full",
-              "rank " + std::to_string(options_.rank) + ": refused a local lane: " +
-                  std::to_string(kMaxLanes) + " open; that D rank uses ZeroMQ");
-      continue;
-    }
-    d_lanes_.push_back(std::make_unique<LocalLane>(fd, LaneLimitsFor(options_)));
-    d_lanes_.back()->set_attach_deadline(MonoNow() + options_.timings.peer_down_after);
-  }
-}
-
-void RankActor::ReadDLane(LocalLane& lane) {
-  lane.Read([this, &lane](const uint8_t* data, size_t size) {
-    if (lane.identity().empty()) {
-      std::optional<std::string> id = ParseLaneAttach(data, size);
-      if (!id) {
-        ++driver_malformed_;
-        lane.Break("its first frame is not an attach");
-        return;
-      }
-      auto it = lane_of_identity_.find(*id);
-      if (it != lane_of_identity_.end() && it->second != &lane) {
-        it->second->Break("replaced by a newer lane of the same D rank");
-      }
-      lane_of_identity_[*id] = &lane;
-      lane.set_identity(std::move(*id));
-      ++counters_.lanes_opened;
-      return;
-    }
-    OnFrame(&lane.identity(), nullptr, data, size);
-  });
-}
-
 void RankActor::SweepLanes() {
-  auto note = [this](const LocalLane& l, const std::string& who) {
-    ++counters_.lanes_broken;
-    LogOnce("rank", "lane_broken:" + l.why_broken(),
-            "rank " + std::to_string(options_.rank) + ": local lane " + who + " broke (" +
-                l.why_broken() + "); its frames go over ZeroMQ");
-  };
   for (auto& [key, c] : conns_) {
     if (c.lane != nullptr && c.lane->broken()) {
-      note(*c.lane, "to " + c.endpoint);
+      ++counters_.lanes_broken;
+      LogOnce("rank", "lane_broken:" + c.lane->why_broken(),
+              "rank " + std::to_string(options_.rank) + ": local lane to " + c.endpoint +
+                  " broke (" + c.lane->why_broken() + "); its frames go over ZeroMQ");
       session_.OnLaneClosed(c.engine, c.rank, /*process_gone=*/false, MonoNow());
       // P's end closed: if the kernel says its process is gone (now, or at
       // a heartbeat soon after: the socket closes while P still exits), P
@@ -147,19 +83,7 @@ void RankActor::SweepLanes() {
     }
   }
   retired_lanes_.clear();
-  auto broken = [](const std::unique_ptr<LocalLane>& l) { return l->broken(); };
-  if (std::none_of(d_lanes_.begin(), d_lanes_.end(), broken)) return;
-  for (auto& l : d_lanes_) {
-    if (!l->broken()) continue;
-    auto it = lane_of_identity_.find(l->identity());
-    if (it != lane_of_identity_.end() && it->second == l.get()) lane_of_identity_.erase(it);
-    if (l->peer_closed()) {
-      ++counters_.lanes_broken;  // a D rank went away: counted, not logged
-    } else {
-      note(*l, "from D " + l->identity());
-    }
-  }
-  d_lanes_.erase(std::remove_if(d_lanes_.begin(), d_lanes_.end(), broken), d_lanes_.end());
+  lanes_.Sweep();
 }
 
 std::optional<bool> RankActor::SendOnLane(LocalLane& lane, const std::vector<uint8_t>& frame) {
@@ -178,9 +102,8 @@ std::optional<bool> RankActor::SendOnLane(LocalLane& lane, const std::vector<uin
 }
 
 bool RankActor::SendToD(const std::string& identity, const std::vector<uint8_t>& frame) {
-  auto it = lane_of_identity_.find(identity);
-  if (it != lane_of_identity_.end()) {
-    if (std::optional<bool> sent = SendOnLane(*it->second, frame)) return *sent;
+  if (LocalLane* lane = lanes_.LaneOf(identity)) {
+    if (std::optional<bool> sent = SendOnLane(*lane, frame)) return *sent;
     // Broken: D went away or falls back to its DEALER, if any.
   }
   return SendFrame(router_, &identity, frame);

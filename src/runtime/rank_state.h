@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/rank_connector.h"
+#include "core/rank_session.h"
 #include "core/wire.h"
 
 namespace kvrelay::runtime {
@@ -91,5 +92,15 @@ struct RankState {
   size_t queued_for_sender = 0;
   size_t tombstones = 0;
 };
+
+// The state of `session` (rank `rank`) at `now`; `endpoint(engine, rank)`
+// names a producer's control endpoint. On the session's thread.
+RankState StateOf(const RankSession& session, uint32_t rank, Instant now,
+                  const std::function<std::string(uint32_t, uint32_t)>& endpoint);
+
+// Copies the session's counters into `out` (for other threads), adding the
+// driver's own: frames it refused and frames no socket took.
+void Publish(const RankSessionStats& s, uint64_t driver_malformed, uint64_t send_failures,
+             RankCounters* out);
 
 }  // namespace kvrelay::runtime

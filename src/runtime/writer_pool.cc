@@ -52,6 +52,23 @@ void WriterPool::Run() {
   }
 }
 
+namespace {
+class ReadThroughSource final : public net::Target {
+ public:
+  explicit ReadThroughSource(std::shared_ptr<net::Source> source) : source_(std::move(source)) {}
+  Status Write(TransferId transfer, std::span<const net::Segment> segments, Instant) override {
+    return source_->Read(transfer, segments);
+  }
+
+ private:
+  std::shared_ptr<net::Source> source_;
+};
+}  // namespace
+
+std::shared_ptr<net::Target> ReadAsWrite(std::shared_ptr<net::Source> source) {
+  return std::make_shared<ReadThroughSource>(std::move(source));
+}
+
 void WriterPool::RunJob(WriteJob& job) {
   if (MonoNow() >= job.deadline) {
     job.done(DeadlineExceededError("the pull's deadline passed before the write started"));

@@ -38,6 +38,10 @@ struct WriteJob {
   std::function<void(const Status&)> done;
 };
 
+// A target whose "write" reads the segments from `source` (P's region) into
+// this rank's: read mode's reads run on the same pool as writes.
+std::shared_ptr<net::Target> ReadAsWrite(std::shared_ptr<net::Source> source);
+
 class WriterPool {
  public:
   WriterPool(uint32_t num_workers, size_t max_queued);
