@@ -41,6 +41,9 @@
 // ends everything heals, and the run must drain — every request ended,
 // every table empty, every pool free — within a bound (liveness).
 //
+// Files: simulator.cc (the world and its loop), sim_clients.cc,
+// sim_network.cc, sim_data_plane.cc, sim_lifecycle.cc, sim_checks.cc.
+//
 // Thread safety: none. Deterministic: the same seed gives the same trace.
 #pragma once
 
