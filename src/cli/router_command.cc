@@ -16,7 +16,7 @@
 #include "router/engine_pool.h"
 #include "router/router_server.h"
 #include "runtime/auth_token.h"
-#include "runtime/clock.h"
+#include "os/clock.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -109,7 +109,7 @@ int RunRouter(const RouterCliOptions& o) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const Instant give_up = runtime::MonoNow() + Seconds(o.discovery_timeout_s);
+  const Instant give_up = kvrelay::MonoNow() + Seconds(o.discovery_timeout_s);
   while (true) {
     Status s = (*pool)->DiscoverOnce();
     if (s.ok()) break;
@@ -117,7 +117,7 @@ int RunRouter(const RouterCliOptions& o) {
       std::fprintf(stderr, "kvrelay router: %s\n", s.message().c_str());
       return 1;
     }
-    if (runtime::MonoNow() >= give_up) {
+    if (kvrelay::MonoNow() >= give_up) {
       std::fprintf(stderr, "kvrelay router: engines did not answer GET /kv_info within %.0f s: %s\n",
                    o.discovery_timeout_s, s.message().c_str());
       return 1;

@@ -12,8 +12,8 @@
 #include "cli/commands.h"
 #include "cli/http_flags.h"
 #include "runtime/free_port.h"
-#include "runtime/os_random.h"
-#include "runtime/clock.h"
+#include "os/os_random.h"
+#include "os/clock.h"
 #include "runtime/auth_token.h"
 #include "server/engine_server.h"
 
@@ -21,7 +21,7 @@ namespace kvrelay::cli {
 namespace {
 
 uint32_t RandomEngineId() {
-  std::array<uint8_t, 16> r = runtime::NonceFromOs();
+  std::array<uint8_t, 16> r = kvrelay::NonceFromOs();
   uint32_t id = (uint32_t{r[0]} | uint32_t{r[1]} << 8 | uint32_t{r[2]} << 16 |
                  uint32_t{r[3]} << 24) & ((1u << 28) - 1);
   return id == 0 ? 1 : id;
@@ -119,7 +119,7 @@ int RunServe(const ServeCliOptions& o) {
     std::fprintf(stderr, "kvrelay serve: --engine-id must be below 2^28 (268435456)\n");
     return 2;
   }
-  eo.incarnation = runtime::NewIncarnation();
+  eo.incarnation = kvrelay::NewIncarnation();
   eo.num_blocks = o.num_blocks != 0 ? o.num_blocks : (eo.shape.name == "tiny" ? 4096 : 512);
   eo.max_batch_tokens =
       o.max_batch_tokens != 0 ? o.max_batch_tokens : (eo.shape.name == "tiny" ? 2048 : 8192);

@@ -159,7 +159,7 @@ class Target {
   // Copies every segment from the local region to the remote one; returns
   // when the bytes are there. `transfer` names the grant the receiver
   // checks (tcp). `deadline` is on the runtime's monotonic clock
-  // (std::chrono::steady_clock, runtime::MonoNow): a Write never waits past
+  // (std::chrono::steady_clock, kvrelay::MonoNow): a Write never waits past
   // it — one already past fails at once without moving a byte, and a wait
   // still running then ends with kDeadlineExceeded (tcp: every socket wait
   // is bounded by min(stall timeout, deadline); ucx: the flush wait; shm
@@ -235,7 +235,7 @@ class Transport {
 };
 
 // The clock of Write deadlines: std::chrono::steady_clock in nanoseconds,
-// the same as runtime::MonoNow (net sits below runtime, so it reads it here).
+// the same as kvrelay::MonoNow (net sits below runtime, so it reads it here).
 Instant SteadyNow();
 
 Result<std::unique_ptr<Transport>> MakeShmTransport(const TransportOptions& options);

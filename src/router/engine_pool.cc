@@ -5,14 +5,14 @@
 
 #include "base/check.h"
 #include "router/engine_picker.h"
-#include "runtime/clock.h"
+#include "os/clock.h"
 #include "http/http_client.h"
-#include "runtime/log.h"
+#include "os/log.h"
 
 namespace kvrelay::router {
 
 using nlohmann::json;
-using runtime::Log;
+using kvrelay::Log;
 
 Result<EngineInfo> FetchEngineInfo(const std::string& url, Duration timeout) {
   http::ClientOptions o;

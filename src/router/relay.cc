@@ -1,13 +1,13 @@
 #include "router/relay.h"
 
 #include "base/check.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
+#include "os/clock.h"
+#include "os/log.h"
 
 namespace kvrelay::router {
 
 using nlohmann::json;
-using runtime::Log;
+using kvrelay::Log;
 
 namespace {
 
@@ -134,7 +134,7 @@ void Relay::Drive() {
 void Relay::NoteFirstToken() {
   if (ttft_noted_) return;
   ttft_noted_ = true;
-  first_token_s_ = (runtime::MonoNow() - arrived_).seconds();
+  first_token_s_ = (kvrelay::MonoNow() - arrived_).seconds();
 }
 
 void Relay::ApplyCancels() {
@@ -201,7 +201,7 @@ void Relay::StartLeg(http::ClientContext& calls, Lease lease, bool prefill) {
       self->metrics_->LegConnectionFailure(lease->index());
     } else if (prefill && end.kind == LegEnd::Kind::kResponse && end.status == 200 &&
                PrefillMovedOn(end.body, self->prefill_info_)) {
-      runtime::LogOnce("router", "moved:" + lease->url(),
+      kvrelay::LogOnce("router", "moved:" + lease->url(),
                        "engine " + lease->url() +
                            " answered with kv_transfer_params unlike its /kv_info; rechecking");
       self->pool_->RequestRecheck(lease->index());
@@ -240,7 +240,7 @@ void Relay::Finish() {
     outcome = logic_.outcome();
     message = logic_.failure_message();
   }
-  const double seconds = (runtime::MonoNow() - arrived_).seconds();
+  const double seconds = (kvrelay::MonoNow() - arrived_).seconds();
   metrics_->RequestFinished(outcome, seconds);
   if (outcome != Outcome::kOk && outcome != Outcome::kBadRequest) {
     Log("router", "request %llu (transfer %s, P %s, D %s): %s after %.3f s%s%s",

@@ -9,8 +9,8 @@
 #include "http/http_server.h"
 #include "router/router_metrics.h"
 #include "router/transfer_id_source.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
+#include "os/clock.h"
+#include "os/log.h"
 #include "server/client_slots.h"
 #include "server/completion_response.h"
 #include "server/metrics.h"
@@ -18,7 +18,7 @@
 namespace kvrelay::router {
 
 using nlohmann::json;
-using runtime::Log;
+using kvrelay::Log;
 
 namespace {
 
@@ -55,7 +55,7 @@ struct RouterServer::Impl : std::enable_shared_from_this<RouterServer::Impl> {
   void Reject(http::Exchange& ex, Instant arrived, int code, const std::string& message,
               const char* type, Outcome outcome) {
     SendError(ex, code, message, type);
-    metrics->RequestFinished(outcome, (runtime::MonoNow() - arrived).seconds());
+    metrics->RequestFinished(outcome, (kvrelay::MonoNow() - arrived).seconds());
   }
 };
 
@@ -102,7 +102,7 @@ void RouterServer::Impl::SweepLoop() {
       if (stopping) return;
       for (auto& [id, r] : relays) live.push_back(r);
     }
-    const Instant now = runtime::MonoNow();
+    const Instant now = kvrelay::MonoNow();
     for (auto& r : live) r->CheckQueueWait(now);
   }
 }
@@ -185,7 +185,7 @@ void RouterServer::Impl::Models(http::Exchange& ex) {
 }
 
 void RouterServer::Impl::Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex) {
-  const Instant arrived = runtime::MonoNow();
+  const Instant arrived = kvrelay::MonoNow();
   std::optional<server::ClientSlots::Lease> slot = client_slots->Acquire(req.remote_addr);
   if (!slot) {
     metrics->LimitRejected("requests_per_client");

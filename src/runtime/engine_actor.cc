@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <deque>
 
-#include "runtime/clock.h"
-#include "runtime/log.h"
-#include "runtime/thread_priority.h"
+#include "os/clock.h"
+#include "os/log.h"
+#include "os/thread_priority.h"
 
 namespace kvrelay::runtime {
 

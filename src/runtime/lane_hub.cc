@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "runtime/log.h"
+#include "os/log.h"
 
 namespace kvrelay::runtime {
 

@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "net/write_plan.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
-#include "runtime/thread_priority.h"
+#include "os/clock.h"
+#include "os/log.h"
+#include "os/thread_priority.h"
 
 namespace kvrelay::runtime {
 

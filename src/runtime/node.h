@@ -46,12 +46,12 @@ struct NodeOptions {
   net::WriteFaultOptions write_faults;     // fault drills only (serve --debug-fail-writes-*)
   std::string auth_token;                  // control-channel secret; empty: none
   // Nice value (-20..0) of the control path's threads: the engine loop, the
-  // rank actors and ZeroMQ's I/O threads (runtime/thread_priority.h). 0:
+  // rank actors and ZeroMQ's I/O threads (os/thread_priority.h). 0:
   // inherited. One the process may not set is logged and not applied.
   int control_nice = 0;
   // EEVDF slice in µs (100..100000) asked for the rank actors and ZeroMQ's
   // I/O threads, so they preempt bulk work when they wake without a larger
-  // share of CPU (runtime/thread_priority.h). 0: the kernel's default. A
+  // share of CPU (os/thread_priority.h). 0: the kernel's default. A
   // kernel that keeps no per-thread slice logs it and goes on.
   int control_slice_us = 0;
   // Threads the emulated model reads a request's KV with at each step

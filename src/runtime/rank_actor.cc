@@ -5,10 +5,10 @@
 #include <algorithm>
 
 #include "core/tp_mapping.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
-#include "runtime/os_random.h"
-#include "runtime/thread_priority.h"
+#include "os/clock.h"
+#include "os/log.h"
+#include "os/os_random.h"
+#include "os/thread_priority.h"
 
 namespace kvrelay::runtime {
 

@@ -17,8 +17,8 @@
 #include <string>
 
 #include "net/write_plan.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
+#include "os/clock.h"
+#include "os/log.h"
 #include "runtime/rank_actor.h"
 
 namespace kvrelay::runtime {

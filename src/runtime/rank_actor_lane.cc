@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/clock.h"
+#include "os/clock.h"
 #include "runtime/local_host.h"
-#include "runtime/log.h"
+#include "os/log.h"
 #include "runtime/rank_actor.h"
 
 namespace kvrelay::runtime {

@@ -1,7 +1,7 @@
 #include "runtime/writer_pool.h"
 
-#include "runtime/clock.h"
-#include "runtime/thread_priority.h"
+#include "os/clock.h"
+#include "os/thread_priority.h"
 
 namespace kvrelay::runtime {
 

@@ -5,7 +5,7 @@
 #include <atomic>
 #include <future>
 
-#include "runtime/clock.h"
+#include "os/clock.h"
 
 namespace kvrelay::runtime {
 namespace {

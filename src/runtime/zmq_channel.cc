@@ -2,7 +2,7 @@
 
 #include <zmq.h>
 
-#include "runtime/log.h"
+#include "os/log.h"
 
 namespace kvrelay::runtime {
 

@@ -5,8 +5,8 @@
 
 #include "base/hmac.h"
 #include "base/sha256.h"
-#include "runtime/clock.h"
-#include "runtime/os_random.h"
+#include "os/clock.h"
+#include "os/os_random.h"
 
 namespace kvrelay::server {
 
@@ -64,9 +64,9 @@ AdminAuth::AdminAuth(std::string token, size_t max_nonces, Duration ttl)
     : token_(std::move(token)), ttl_(ttl), nonces_(max_nonces, ttl) {}
 
 std::string AdminAuth::IssueNonce() {
-  const std::string nonce = HexOf(runtime::NonceFromOs());
+  const std::string nonce = HexOf(kvrelay::NonceFromOs());
   MutexLock lock(&mu_);
-  nonces_.Add(nonce, runtime::MonoNow());
+  nonces_.Add(nonce, kvrelay::MonoNow());
   return nonce;
 }
 
@@ -81,7 +81,7 @@ AdminAuthVerdict AdminAuth::Verify(std::string_view method, std::string_view tar
   for (char& c : nonce) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   {
     MutexLock lock(&mu_);
-    if (!nonces_.Consume(nonce, runtime::MonoNow())) return AdminAuthVerdict::kUnknownNonce;
+    if (!nonces_.Consume(nonce, kvrelay::MonoNow())) return AdminAuthVerdict::kUnknownNonce;
   }
   std::array<uint8_t, 32> got, want;
   ParseHex(mac_hex, got);

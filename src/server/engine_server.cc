@@ -6,9 +6,9 @@
 
 #include "base/mutex.h"
 #include "http/http_server.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
-#include "runtime/thread_priority.h"
+#include "os/clock.h"
+#include "os/log.h"
+#include "os/thread_priority.h"
 #include "server/admin_auth.h"
 #include "server/admin_call.h"
 #include "server/completion_request.h"
@@ -21,7 +21,7 @@
 namespace kvrelay::server {
 
 using nlohmann::json;
-using runtime::Log;
+using kvrelay::Log;
 
 namespace {
 
@@ -132,7 +132,7 @@ struct EngineServer::Impl {
   std::unique_ptr<http::HttpServer> http;
   ParseLimits limits;
   std::unique_ptr<ClientSlots> client_slots;
-  int64_t created_s = runtime::WallSeconds();
+  int64_t created_s = kvrelay::WallSeconds();
   std::atomic<bool> stopping{false};
   Mutex stop_mu;
   CondVar stop_cv;
@@ -182,7 +182,7 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   // The I/O threads and workers take up an abort or a lifecycle call
   // without waiting for a core (Node::Start logged it if the kernel keeps
   // no per-thread slice).
-  if (slice_us != 0) ho.on_thread_start = [slice_us] { (void)runtime::SetThisThreadSliceUs(slice_us); };
+  if (slice_us != 0) ho.on_thread_start = [slice_us] { (void)kvrelay::SetThisThreadSliceUs(slice_us); };
   ho.error_body = ErrorBodyFor;
   impl->http = std::make_unique<http::HttpServer>(std::move(ho));
   Impl* raw = impl.get();
@@ -352,11 +352,11 @@ void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<ht
                                       std::to_string(spec.client)
                                 : cr.request_id;
   p->model = options.model_name;
-  p->created_s = runtime::WallSeconds();
+  p->created_s = kvrelay::WallSeconds();
   p->prompt_tokens = static_cast<uint32_t>(cr.prompt.size());
   p->stream_mode = cr.stream;
   p->include_usage = cr.stream && cr.include_usage;
-  p->started = runtime::MonoNow();
+  p->started = kvrelay::MonoNow();
   {
     MutexLock lock(&p->mu);
     p->slot = std::move(slot);
@@ -476,7 +476,7 @@ void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
   if (!done) return;
   Finish(*p);
   (void)open_requests.Release(p->id, p->client);
-  metrics.RequestFinished(reason, (runtime::MonoNow() - p->started).seconds());
+  metrics.RequestFinished(reason, (kvrelay::MonoNow() - p->started).seconds());
   p->stream->SetListener(nullptr);
 }
 
@@ -489,7 +489,7 @@ void EngineServer::Impl::ClientLeft(const std::shared_ptr<Pending>& p) {
   const std::optional<TransferId> transfer = open_requests.Release(p->id, p->client);
   metrics.client_disconnects->Inc();
   metrics.RequestFinished(engine::FinishReason::kAborted,
-                          (runtime::MonoNow() - p->started).seconds());
+                          (kvrelay::MonoNow() - p->started).seconds());
   if (transfer) FastAbort({*transfer});
   engine().Abort(p->client);
 }
@@ -511,7 +511,7 @@ bool EngineServer::Impl::Authorized(const http::Request& req, http::Exchange& ex
 }
 
 void EngineServer::Impl::Admin(const http::Request& req, http::Exchange& ex) {
-  const Instant received = runtime::MonoNow();
+  const Instant received = kvrelay::MonoNow();
   if (!Authorized(req, ex)) return;
   Result<AdminCall> call = ParseAdminRequest(req.path, req.query, req.body);
   if (!call.ok()) {

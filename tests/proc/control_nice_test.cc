@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "proc/harness.h"
-#include "runtime/thread_priority.h"
+#include "os/thread_priority.h"
 
 namespace kvrelay::proctest {
 namespace {
@@ -99,7 +99,7 @@ TEST(ControlNiceTest, ControlThreadsRunAtTheValueBulkThreadsDoNot) {
 // engine logs that the flag was not applied and the tests below skip.
 bool KernelTakesASlice() {
   bool ok = false;
-  std::thread t([&] { ok = runtime::SetThisThreadSliceUs(100).ok(); });
+  std::thread t([&] { ok = kvrelay::SetThisThreadSliceUs(100).ok(); });
   t.join();
   return ok;
 }

@@ -1,4 +1,4 @@
-// thread_priority.h — names and CFS nice values of the runtime's own threads.
+// thread_priority.h — names and CFS nice values of kvrelay's own threads (os/).
 //
 // Why: when the load saturates the machine's cores, every hop of the
 // control path (HTTP handler → engine loop → rank → ZeroMQ I/O → the peer's
@@ -27,7 +27,7 @@
 
 #include "base/status.h"
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 
 // Names the calling thread (Linux keeps 15 characters; the rest is cut).
 void NameThisThread(std::string_view name);
@@ -63,4 +63,4 @@ Status SetThisThreadSliceUs(int slice_us);
 // SCHED_OTHER.
 int ThisThreadSliceUs();
 
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay

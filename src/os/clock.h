@@ -1,7 +1,8 @@
-// clock.h — the runtime's clock: the one place real time enters kvrelay.
+// clock.h — the process's clock: the one place real time enters kvrelay.
 //
-// Pure layers take `Instant now` as an argument; the runtime reads it here
-// (steady, monotonic) and passes it in. Thread-safe.
+// Pure layers take `Instant now` as an argument; the drivers (net, runtime,
+// server, router) read it here (steady, monotonic) and pass it in.
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -9,7 +10,7 @@
 
 #include "base/time.h"
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 
 inline Instant MonoNow() {
   return Instant::FromNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -34,4 +35,4 @@ inline uint32_t NewIncarnation() {
   return static_cast<uint32_t>(ds > 0 ? ds : 1);
 }
 
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay

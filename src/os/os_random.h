@@ -3,7 +3,7 @@
 //
 // Why here: nonces for the control channel's challenge-response and for
 // admin HTTP calls must be unpredictable, and pure layers draw no hidden
-// randomness; the runtime is the edge that may ask the OS.
+// randomness; the drivers are the edge that may ask the OS (os/).
 //
 // Errors: kInternal if getrandom fails other than EINTR.
 // Thread safety: any thread.
@@ -15,7 +15,7 @@
 
 #include "base/status.h"
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 
 Status FillFromOs(std::span<uint8_t> out);
 
@@ -23,4 +23,4 @@ Status FillFromOs(std::span<uint8_t> out);
 // working getrandom cannot run kvrelay's authentication at all).
 std::array<uint8_t, 16> NonceFromOs();
 
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay

@@ -1,5 +1,5 @@
 // os_random.cc — getrandom(2), retried on EINTR and short reads.
-#include "runtime/os_random.h"
+#include "os/os_random.h"
 
 #include <sys/random.h>
 
@@ -9,7 +9,7 @@
 
 #include "base/check.h"
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 
 Status FillFromOs(std::span<uint8_t> out) {
   size_t got = 0;
@@ -31,4 +31,4 @@ std::array<uint8_t, 16> NonceFromOs() {
   return n;
 }
 
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay

@@ -1,4 +1,4 @@
-// log.h — the runtime's log: one line per event on stderr, with a
+// log.h — the process's log (os/): one line per event on stderr, with a
 // monotonic timestamp and the component; LogOnce for things a hostile or
 // broken peer can repeat (a malformed message is logged once per kind and
 // counted always). Thread-safe.
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "base/mutex.h"
-#include "runtime/clock.h"
+#include "os/clock.h"
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 
 // The process's log lock (one line at a time on stderr) and LogOnce's keys.
 struct LogState {
@@ -45,4 +45,4 @@ inline void LogOnce(const char* component, const std::string& key, const std::st
   Log(component, "%s (logged once; counted in /metrics)", message.c_str());
 }
 
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay

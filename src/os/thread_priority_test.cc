@@ -1,5 +1,5 @@
 // thread_priority_test.cc — thread names and per-thread nice values.
-#include "runtime/thread_priority.h"
+#include "os/thread_priority.h"
 
 #include <pthread.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 namespace {
 
 std::string ThisThreadName() {
@@ -109,4 +109,4 @@ TEST(ThreadPriorityTest, SliceIsPerThreadInheritedAndKeepsNice) {
 }
 
 }  // namespace
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay

@@ -1,4 +1,4 @@
-#include "runtime/thread_priority.h"
+#include "os/thread_priority.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-namespace kvrelay::runtime {
+namespace kvrelay {
 
 namespace {
 id_t ThisTid() { return static_cast<id_t>(::syscall(SYS_gettid)); }
@@ -98,4 +98,4 @@ int ThisThreadSliceUs() {
   return static_cast<int>(attr.sched_runtime / 1000);
 }
 
-}  // namespace kvrelay::runtime
+}  // namespace kvrelay
