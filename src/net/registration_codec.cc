@@ -1,6 +1,5 @@
 // registration_codec.cc — dispatch to each transport's registration codec
-// (see registration_codec.h); tcp's codec is the header-only one in
-// tcp_stream.h.
+// (see registration_codec.h); tcp's codec is declared in tcp_stream.h.
 #include "net/registration_codec.h"
 
 #include "net/tcp_stream.h"

@@ -50,6 +50,7 @@
 #include "net/byte_codec.h"
 #include "net/registration_codec.h"
 #include "net/transport.h"
+#include "os/clock.h"
 
 namespace kvrelay::net {
 namespace {
@@ -174,7 +175,7 @@ class ShmTarget final : public Target {
   using Target::Write;
   // A memcpy waits on nothing: the deadline is only checked before it.
   Status Write(TransferId, std::span<const Segment> segments, Instant deadline) override {
-    if (SteadyNow() >= deadline) {
+    if (MonoNow() >= deadline) {
       stats_->writes_failed.fetch_add(1, std::memory_order_relaxed);
       return DeadlineExceededError("shm write: the deadline passed before it started");
     }

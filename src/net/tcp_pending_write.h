@@ -25,15 +25,19 @@
 // stream (half a frame may be on it).
 #pragma once
 
-#include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "net/tcp_client.h"
 #include "net/tcp_stream.h"
+#include "os/clock.h"
 
 namespace kvrelay::net::tcp {
 
@@ -44,24 +48,8 @@ class TcpPendingWrite final : public PendingWrite {
   // `local`; `fd` was taken from `pool`.
   TcpPendingWrite(StreamPool* pool, int fd, TransferId transfer, std::span<uint8_t> local,
                   std::span<const Segment> segments, uint64_t total, Instant deadline,
-                  std::shared_ptr<TransportStats> stats)
-      : pool_(pool),
-        fd_(fd),
-        transfer_(transfer),
-        total_(total),
-        deadline_(deadline),
-        stats_(std::move(stats)) {
-    EncodeFrameHead(kFrameMagic, transfer, segments, total, header_, table_);
-    iov_.reserve(segments.size() + 2);
-    iov_.push_back({header_, sizeof header_});
-    iov_.push_back({table_.data(), table_.size()});
-    for (const Segment& s : segments) iov_.push_back({local.data() + s.src_offset, s.bytes});
-  }
-  ~TcpPendingWrite() override {
-    if (state_ != State::kOver) {
-      Abandon(CancelledError("tcp write: abandoned before its reply")).IgnoreError();
-    }
-  }
+                  std::shared_ptr<TransportStats> stats);
+  ~TcpPendingWrite() override;
   TcpPendingWrite(const TcpPendingWrite&) = delete;
   TcpPendingWrite& operator=(const TcpPendingWrite&) = delete;
 
@@ -71,66 +59,16 @@ class TcpPendingWrite final : public PendingWrite {
     return std::min(deadline_, last_progress_ + Duration::Milliseconds(kStallTimeoutMs));
   }
 
-  std::optional<Status> Progress() override {
-    KV_CHECK(state_ != State::kOver);
-    while (state_ == State::kHead || state_ == State::kPayload) {
-      // The head goes alone, as in TcpRemote::WriteFrame: the receiver
-      // checks its grants while the payload is on its way.
-      const size_t end = state_ == State::kHead ? 2 : iov_.size();
-      msghdr msg{};
-      msg.msg_iov = iov_.data() + next_;
-      msg.msg_iovlen = std::min(end - next_, kIovBatch);
-      const ssize_t r = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // wants_write
-        return End(UnavailableError(Errno("tcp: sending a frame")));
-      }
-      last_progress_ = SteadyNow();
-      iovec* rest = iov_.data() + next_;
-      size_t left = end - next_;
-      ConsumeIov(rest, left, static_cast<size_t>(r));
-      next_ = end - left;
-      if (left == 0) state_ = state_ == State::kHead ? State::kPayload : State::kReply;
-    }
-    while (true) {
-      const ssize_t r = recv(fd_, reply_ + got_, sizeof reply_ - got_, MSG_DONTWAIT);
-      if (r == 0) return End(UnavailableError("tcp write: no reply (peer closed)"));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // the reply
-        return End(UnavailableError(Errno("tcp write: reading the reply")));
-      }
-      got_ += static_cast<size_t>(r);
-      last_progress_ = SteadyNow();
-      if (got_ == sizeof reply_) {
-        return End(ParseReply(reply_, kReplyMagic, transfer_, "write"), /*replied=*/true);
-      }
-    }
-  }
-
-  Status GiveUp() override {
-    KV_CHECK(state_ != State::kOver);
-    return End(WaitBound(deadline_).Failed("tcp write: no room or reply for the stall timeout"));
-  }
-
-  Status Abandon(Status why) override {
-    KV_CHECK(state_ != State::kOver);
-    KV_CHECK(!why.ok());
-    return End(std::move(why));
-  }
+  std::optional<Status> Progress() override;
+  Status GiveUp() override;
+  Status Abandon(Status why) override;
 
  private:
   enum class State : uint8_t { kHead, kPayload, kReply, kOver };
 
   // The stream is in step only after a whole reply (then Release keeps
   // it unless the reply said otherwise); any other end closes it.
-  Status End(Status status, bool replied = false) {
-    state_ = State::kOver;
-    pool_->Release(fd_, replied ? status : CancelledError("tcp write ended without its reply"));
-    return CountOutcome(std::move(status), total_,
-                        {stats_->writes_ok, stats_->writes_failed, stats_->bytes_written});
-  }
+  Status End(Status status, bool replied = false);
 
   StreamPool* const pool_;
   const int fd_;
@@ -138,7 +76,7 @@ class TcpPendingWrite final : public PendingWrite {
   const uint64_t total_;
   const Instant deadline_;
   const std::shared_ptr<TransportStats> stats_;
-  Instant last_progress_ = SteadyNow();
+  Instant last_progress_ = MonoNow();
   uint8_t header_[kHeaderBytes] = {};
   std::vector<uint8_t> table_;
   std::vector<iovec> iov_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "net/transport.h"
+#include "os/clock.h"
 
 namespace kvrelay::net {
 namespace {
@@ -81,7 +82,7 @@ class TcpPendingWriteTest : public testing::Test {
     return true;
   }
 
-  Instant Soon() const { return SteadyNow() + Duration::Seconds(10); }
+  Instant Soon() const { return MonoNow() + Duration::Seconds(10); }
 
   std::unique_ptr<Transport> p_, d_;
   std::unique_ptr<Region> p_region_, d_region_;
@@ -118,11 +119,11 @@ TEST_F(TcpPendingWriteTest, LandsTheBytesCountsOnceAndGivesTheStreamBack) {
 TEST_F(TcpPendingWriteTest, GivenUpPastItsDeadlineItEndsDeadlineExceeded) {
   ASSERT_NO_FATAL_FAILURE(WarmUp());
   const uint64_t failed0 = p_->stats().writes_failed;
-  const Instant deadline = SteadyNow() + Duration::Milliseconds(20);
+  const Instant deadline = MonoNow() + Duration::Milliseconds(20);
   auto w = target_->StartWrite(kT, OneBlock(1, 1), deadline);
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->give_up_at(), deadline);
-  while (SteadyNow() < deadline) poll(nullptr, 0, 5);
+  while (MonoNow() < deadline) poll(nullptr, 0, 5);
   EXPECT_EQ(w->GiveUp().code(), StatusCode::kDeadlineExceeded);
   w.reset();
   EXPECT_EQ(p_->stats().writes_failed, failed0 + 1);
@@ -132,11 +133,11 @@ TEST_F(TcpPendingWriteTest, GivenUpPastItsDeadlineItEndsDeadlineExceeded) {
 // With no deadline, the stall timeout (30 s after its last progress) bounds it.
 TEST_F(TcpPendingWriteTest, WithoutADeadlineTheStallTimeoutBoundsIt) {
   ASSERT_NO_FATAL_FAILURE(WarmUp());
-  const Instant before = SteadyNow();
+  const Instant before = MonoNow();
   auto w = target_->StartWrite(kT, OneBlock(1, 1), Instant::Never());
   ASSERT_NE(w, nullptr);
   EXPECT_GE(w->give_up_at(), before + Duration::Seconds(30));
-  EXPECT_LE(w->give_up_at(), SteadyNow() + Duration::Seconds(30));
+  EXPECT_LE(w->give_up_at(), MonoNow() + Duration::Seconds(30));
 }
 
 TEST_F(TcpPendingWriteTest, AnUngrantedWriteIsRefusedAndTheStreamStaysInStep) {
@@ -159,7 +160,7 @@ TEST_F(TcpPendingWriteTest, AnUngrantedWriteIsRefusedAndTheStreamStaysInStep) {
 TEST_F(TcpPendingWriteTest, EmptyOrLateWritesAreLeftToWrite) {
   ASSERT_NO_FATAL_FAILURE(WarmUp());
   EXPECT_EQ(target_->StartWrite(kT, {}, Soon()), nullptr);
-  EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), SteadyNow() - Duration::Milliseconds(1)),
+  EXPECT_EQ(target_->StartWrite(kT, OneBlock(1, 1), MonoNow() - Duration::Milliseconds(1)),
             nullptr);
   std::vector<Segment> outside = OneBlock(1, 1);
   outside[0].src_offset = kLayout.bytes();

@@ -30,13 +30,12 @@
 // Thread safety: Write and Read may be called from several threads at once.
 #pragma once
 
-#include <algorithm>
-#include <system_error>
-#include <thread>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
 
-#include "net/stripe_plan.h"
 #include "net/tcp_client.h"
-#include "net/tcp_pending_write.h"
 #include "net/tcp_stream.h"
 
 namespace kvrelay::net::tcp {
@@ -45,152 +44,37 @@ class TcpRemote final : public Target, public Source {
  public:
   // REQUIRES: stripe_min_bytes ≥ kStripeAlignBytes.
   TcpRemote(Region* local, TcpRegistration remote, uint32_t max_streams,
-            uint64_t stripe_min_bytes, std::shared_ptr<TransportStats> stats)
-      : local_(local),
-        pool_(std::move(remote), max_streams),
-        stripe_min_bytes_(stripe_min_bytes),
-        stats_(std::move(stats)) {
-    KV_CHECK(stripe_min_bytes_ >= kStripeAlignBytes);
-  }
+            uint64_t stripe_min_bytes, std::shared_ptr<TransportStats> stats);
 
   using Target::Write;
   Status Write(TransferId transfer, std::span<const Segment> segments,
-               Instant deadline) override {
-    const OpCounters counters{stats_->writes_ok, stats_->writes_failed, stats_->bytes_written};
-    const std::span<uint8_t> local = local_->bytes();
-    uint64_t total = 0;
-    if (Status s = CheckLocal(local, segments, /*local_is_src=*/true, "write", &total); !s.ok()) {
-      return CountOutcome(std::move(s), 0, counters);
-    }
-    const WaitBound bound(deadline);
-    if (bound.Expired()) {
-      return CountOutcome(DeadlineExceededError("tcp write: the deadline passed before it started"),
-                          0, counters);
-    }
-    const auto stripe = [&](int fd, std::span<const Segment> part) {
-      return FramesOnStream(fd, part,
-                            [&](int f, std::span<const Segment> frame, uint64_t frame_bytes,
-                                std::vector<uint8_t>& table) {
-                              return WriteFrame(f, transfer, frame, frame_bytes, local, table,
-                                                bound);
-                            });
-    };
-    const uint32_t stripes = StripeCount(total, pool_.max_streams(), stripe_min_bytes_);
-    Status status = stripes <= 1
-                        ? pool_.Run([&](int fd) { return stripe(fd, segments); }, bound)
-                        : WriteStriped(segments, stripes, bound, stripe);
-    return CountOutcome(std::move(status), total, counters);
-  }
+               Instant deadline) override;
 
   // A write of one frame on one idle stream, driven by the caller's loop
   // (tcp_pending_write.h); see Target::StartWrite for when it is nullptr.
   std::unique_ptr<PendingWrite> StartWrite(TransferId transfer, std::span<const Segment> segments,
-                                           Instant deadline) override {
-    const std::span<uint8_t> local = local_->bytes();
-    uint64_t total = 0;
-    if (!CheckLocal(local, segments, /*local_is_src=*/true, "write", &total).ok()) {
-      return nullptr;  // Write fails it and says why
-    }
-    const bool one_frame =
-        !segments.empty() && segments.size() <= kMaxFrameSegments && total <= kMaxFrameBytes &&
-        std::all_of(segments.begin(), segments.end(), [](const Segment& s) { return s.bytes > 0; });
-    if (!one_frame || StripeCount(total, pool_.max_streams(), stripe_min_bytes_) > 1 ||
-        WaitBound(deadline).Expired()) {
-      return nullptr;
-    }
-    const int fd = pool_.TryAcquireIdle();
-    if (fd < 0) return nullptr;
-    return std::make_unique<TcpPendingWrite>(&pool_, fd, transfer, local, segments, total,
-                                             deadline, stats_);
-  }
+                                           Instant deadline) override;
 
-  Status Read(TransferId transfer, std::span<const Segment> segments) override {
-    const OpCounters counters{stats_->reads_ok, stats_->reads_failed, stats_->bytes_read};
-    const std::span<uint8_t> local = local_->bytes();
-    uint64_t total = 0;
-    if (Status s = CheckLocal(local, segments, /*local_is_src=*/false, "read", &total); !s.ok()) {
-      return CountOutcome(std::move(s), 0, counters);
-    }
-    Status status = pool_.Run([&](int fd) {
-      return FramesOnStream(fd, segments,
-                            [&](int f, std::span<const Segment> frame, uint64_t frame_bytes,
-                                std::vector<uint8_t>& table) {
-                              return ReadFrame(f, transfer, frame, frame_bytes, local, table);
-                            });
-    });
-    return CountOutcome(std::move(status), total, counters);
-  }
+  Status Read(TransferId transfer, std::span<const Segment> segments) override;
 
  private:
   // Runs `segments` as up to `want` stripes, stripe_fn(fd, stripe) each on
   // its own stream, in parallel; see the header comment.
   template <typename StripeFn>
   Status WriteStriped(std::span<const Segment> segments, uint32_t want, const WaitBound& bound,
-                      const StripeFn& stripe_fn) {
-    Result<int> first = pool_.Acquire(bound);
-    if (!first.ok()) return first.status();
-    std::vector<int> fds{*first};
-    while (fds.size() < want) {
-      const int fd = pool_.TryAcquire(bound);
-      if (fd < 0) break;
-      fds.push_back(fd);
-    }
-    const std::vector<std::vector<Segment>> stripes =
-        SplitIntoStripes(segments, static_cast<uint32_t>(fds.size()));
-    // results[i] is written only by stripe i's thread; join orders it
-    // before the reads below.
-    std::vector<Status> results(fds.size());
-    const auto run = [&](size_t i) { results[i] = stripe_fn(fds[i], stripes[i]); };
-    std::vector<std::thread> helpers;
-    helpers.reserve(fds.size() - 1);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      try {
-        helpers.emplace_back(run, i);
-      } catch (const std::system_error&) {
-        break;  // no thread to be had: the rest run on this one, after stripe 0
-      }
-    }
-    run(0);
-    for (size_t i = 1 + helpers.size(); i < fds.size(); ++i) run(i);
-    for (std::thread& t : helpers) t.join();
-    Status status = Status::Ok();
-    for (size_t i = 0; i < fds.size(); ++i) {
-      pool_.Release(fds[i], results[i]);
-      if (status.ok() && !results[i].ok()) status = results[i];
-    }
-    return status;
-  }
+                      const StripeFn& stripe_fn);
 
   // One write frame: header and table, the payload straight from the local
   // region, then the receiver's reply; every wait bounded by `bound`.
   Status WriteFrame(int fd, TransferId transfer, std::span<const Segment> frame,
                     uint64_t frame_bytes, std::span<uint8_t> local, std::vector<uint8_t>& table,
-                    const WaitBound& bound) {
-    if (!SendFrameHead(fd, kFrameMagic, transfer, frame, frame_bytes, table, bound)) {
-      return bound.Failed(Errno("tcp: sending a frame header"));
-    }
-    if (!IoSegments(fd, local.data(), frame, [](const Segment& s) { return s.src_offset; },
-                    SendAllV, bound)) {
-      return bound.Failed(Errno("tcp: sending a payload"));
-    }
-    return RecvReply(fd, kReplyMagic, transfer, "write", bound);
-  }
+                    const WaitBound& bound);
 
   // One read request: header and table; the head (refused or malformed end
   // the exchange there), the payload straight into the local region, and
   // the trailer.
   Status ReadFrame(int fd, TransferId transfer, std::span<const Segment> frame,
-                   uint64_t frame_bytes, std::span<uint8_t> local, std::vector<uint8_t>& table) {
-    if (!SendFrameHead(fd, kReadMagic, transfer, frame, frame_bytes, table)) {
-      return UnavailableError(Errno("tcp: sending a read request"));
-    }
-    if (Status head = RecvReply(fd, kReadHeadMagic, transfer, "read"); !head.ok()) return head;
-    if (!IoSegments(fd, local.data(), frame, [](const Segment& s) { return s.dst_offset; },
-                    RecvAllV)) {
-      return UnavailableError("tcp read: the payload stopped (peer closed or stalled)");
-    }
-    return RecvReply(fd, kReplyMagic, transfer, "read");
-  }
+                   uint64_t frame_bytes, std::span<uint8_t> local, std::vector<uint8_t>& table);
 
   Region* const local_;
   StreamPool pool_;

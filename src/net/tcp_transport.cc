@@ -96,6 +96,7 @@
 
 #include <memory>
 
+#include "net/stripe_plan.h"
 #include "net/tcp_region.h"
 #include "net/tcp_stream.h"
 #include "net/tcp_target.h"

@@ -1,14 +1,6 @@
 #include "net/transport.h"
 
-#include <chrono>
-
 namespace kvrelay::net {
-
-Instant SteadyNow() {
-  return Instant::FromNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now().time_since_epoch())
-                                .count());
-}
 
 const char* TransportName(TransportKind kind) {
   switch (kind) {

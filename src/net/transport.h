@@ -158,8 +158,8 @@ class Target {
   virtual ~Target() = default;
   // Copies every segment from the local region to the remote one; returns
   // when the bytes are there. `transfer` names the grant the receiver
-  // checks (tcp). `deadline` is on the runtime's monotonic clock
-  // (std::chrono::steady_clock, kvrelay::MonoNow): a Write never waits past
+  // checks (tcp). `deadline` is on the process's monotonic clock
+  // (os/clock.h, MonoNow): a Write never waits past
   // it — one already past fails at once without moving a byte, and a wait
   // still running then ends with kDeadlineExceeded (tcp: every socket wait
   // is bounded by min(stall timeout, deadline); ucx: the flush wait; shm
@@ -234,9 +234,6 @@ class Transport {
   virtual const TransportStats& stats() const = 0;
 };
 
-// The clock of Write deadlines: std::chrono::steady_clock in nanoseconds,
-// the same as kvrelay::MonoNow (net sits below runtime, so it reads it here).
-Instant SteadyNow();
 
 Result<std::unique_ptr<Transport>> MakeShmTransport(const TransportOptions& options);
 Result<std::unique_ptr<Transport>> MakeTcpTransport(const TransportOptions& options);

@@ -30,6 +30,7 @@
 #include "engine/byte_kv_memory.h"
 #include "net/tcp_stream.h"
 #include "net/write_plan.h"
+#include "os/clock.h"
 
 namespace kvrelay::net {
 namespace {
@@ -628,12 +629,12 @@ TEST_P(TransportTest, AWriteWhoseDeadlinePassedFailsAtOnceAndTouchesNothing) {
   auto target = OpenTarget(*d, *p);
   ASSERT_TRUE(target);
   const auto segs = BlockSegments(layout, 0, 0, layout.num_blocks);
-  const Status s = target->Write(kT1, segs, SteadyNow() - Duration::Milliseconds(1));
+  const Status s = target->Write(kT1, segs, MonoNow() - Duration::Milliseconds(1));
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
   EXPECT_TRUE(AllZero(d->bytes()));
   EXPECT_EQ(p_->stats().writes_failed.load(), 1u);
   // A deadline ahead is no obstacle.
-  ASSERT_TRUE(target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30)).ok());
+  ASSERT_TRUE(target->Write(kT1, segs, MonoNow() + Duration::Seconds(30)).ok());
   const auto want = Expected(p->bytes(), std::vector<uint8_t>(layout.bytes(), 0), segs);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), d->bytes().begin()));
 }
@@ -1015,7 +1016,7 @@ TEST_F(TcpStripeTest, AStripedWriteLandsByteExactAndAgainAfterIt) {
   // into 4 stripes across segment boundaries.
   const auto segs = BlockSegments(layout_, 0, 3, 10);
   for (int round = 0; round < 3; ++round) {
-    const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30));
+    const Status s = target->Write(kT1, segs, MonoNow() + Duration::Seconds(30));
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
   const auto want = Expected(p_region_->bytes(), std::vector<uint8_t>(layout_.bytes(), 0), segs);
@@ -1051,7 +1052,7 @@ TEST_F(TcpStripeTest, StripesGoOutInParallelOnTheirOwnStreams) {
   auto target = Open(fake.registration());
   ASSERT_TRUE(target);
   const auto segs = BlockSegments(layout_, 0, 3, 10);
-  const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30));
+  const Status s = target->Write(kT1, segs, MonoNow() + Duration::Seconds(30));
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(fake.connections(), 4);
   std::lock_guard<std::mutex> lock(mu);
@@ -1078,7 +1079,7 @@ TEST_F(TcpStripeTest, AStripeFailingMidWayFailsTheWriteOnce) {
   auto target = Open(fake.registration());
   ASSERT_TRUE(target);
   const Status s =
-      target->Write(kT1, BlockSegments(layout_, 0, 3, 10), SteadyNow() + Duration::Seconds(30));
+      target->Write(kT1, BlockSegments(layout_, 0, 3, 10), MonoNow() + Duration::Seconds(30));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_EQ(p_->stats().writes_failed.load(), 1u);
   EXPECT_EQ(p_->stats().writes_ok.load(), 0u);
@@ -1098,7 +1099,7 @@ TEST_F(TcpStripeTest, GrantsAreCheckedPerStripe) {
   d_region_->grants().Grant(kT1, blocks);
   auto target = Open(d_region_->registration());
   ASSERT_TRUE(target);
-  const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30));
+  const Status s = target->Write(kT1, segs, MonoNow() + Duration::Seconds(30));
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_EQ(d_->stats().writes_refused.load(), 1u);  // one stripe's frame, not four
   EXPECT_EQ(d_->stats().bytes_received.load(), 12 * block);
@@ -1110,7 +1111,7 @@ TEST_F(TcpStripeTest, GrantsAreCheckedPerStripe) {
   EXPECT_TRUE(AllZero(d.subspan(12 * block)));
   // Granted now: the same write succeeds on the same streams.
   d_region_->grants().Grant(kT1, std::vector<uint32_t>{12});
-  EXPECT_TRUE(target->Write(kT1, segs, SteadyNow() + Duration::Seconds(30)).ok());
+  EXPECT_TRUE(target->Write(kT1, segs, MonoNow() + Duration::Seconds(30)).ok());
   EXPECT_TRUE(std::equal(d.begin(), d.begin() + plane, p.begin() + plane));
 }
 
@@ -1137,7 +1138,7 @@ TEST_F(TcpStripeTest, AStalledPeerEndsAtTheDeadlineNotTheStallTimeout) {
     ASSERT_TRUE(target);
     for (const auto& segs : {big, BlockSegments(layout_, 0, 0, 1)}) {
       const auto start = std::chrono::steady_clock::now();
-      const Status s = target->Write(kT1, segs, SteadyNow() + Duration::Milliseconds(300));
+      const Status s = target->Write(kT1, segs, MonoNow() + Duration::Milliseconds(300));
       const auto took = std::chrono::steady_clock::now() - start;
       EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
       EXPECT_GE(took, 250ms);
