@@ -153,6 +153,15 @@ class RankActor {
   void CountWrite(const Status& s, uint64_t bytes, Instant started);
   void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
   void StartReadJob(StartRead r);
+  // A job copying P rank `p`'s blocks `src` into D rank `d`'s `dst`, planned
+  // as P writes them (a read runs the same plan); nullopt, counted and
+  // logged, if the peer's block ids do not fit its pool.
+  struct RankGeometry {
+    uint32_t tp = 1, rank = 0, blocks = 0;
+  };
+  std::optional<WriteJob> PlanJob(const RankGeometry& p, const RankGeometry& d,
+                                  const std::vector<BlockId>& src,
+                                  const std::vector<BlockId>& dst, bool read);
   Conn& ConnFor(uint32_t engine, uint32_t rank, const std::string& host, uint16_t port);
   bool SendFrame(void* sock, const std::string* identity, const std::vector<uint8_t>& frame);
   ZmqSocketLimits ZmqLimits() const;

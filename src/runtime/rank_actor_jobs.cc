@@ -24,6 +24,26 @@
 namespace kvrelay::runtime {
 
 
+std::optional<WriteJob> RankActor::PlanJob(const RankGeometry& p, const RankGeometry& d,
+                                           const std::vector<BlockId>& src,
+                                           const std::vector<BlockId>& dst, bool read) {
+  if (!net::BlocksFit(src, p.blocks, dst, d.blocks)) {  // the peer's ids
+    ++driver_malformed_;
+    LogOnce("rank", read ? "bad_src" : "bad_dst",
+            "rank " + std::to_string(options_.rank) +
+                (read ? ": a grant named blocks outside P's pool (or a different count than "
+                        "the load); failing its read"
+                      : ": a pull named blocks outside D's pool (or a different count than "
+                        "the send holds); failing its write"));
+    return std::nullopt;
+  }
+  WriteJob job;
+  job.segments = net::PlanWrite(options_.shape, p.tp, p.rank, p.blocks, d.tp, d.rank, d.blocks,
+                                src, dst);
+  for (const net::Segment& seg : job.segments) job.bytes += seg.bytes;
+  return job;
+}
+
 void RankActor::StartReadJob(StartRead r) {
   const ProducerPeer* p = session_.ProducerOf(r.peer);
   auto it = p == nullptr ? conns_.end() : conns_.find({p->engine, p->rank});
@@ -32,21 +52,16 @@ void RankActor::StartReadJob(StartRead r) {
     return;
   }
   const Conn& c = it->second;
-  if (!net::BlocksFit(r.src, p->num_blocks, r.dst, options_.num_blocks)) {  // P's ids
-    ++driver_malformed_;
-    LogOnce("rank", "bad_src", "rank " + std::to_string(options_.rank) +
-                                   ": a grant named blocks outside P's pool (or a different "
-                                   "count than the load); failing its read");
+  std::optional<WriteJob> planned =
+      PlanJob({p->tp, p->rank, p->num_blocks}, {options_.tp, options_.rank, options_.num_blocks},
+              r.src, r.dst, /*read=*/true);
+  if (!planned) {
     deferred_read_done_.emplace_back(r.read, false);
     return;
   }
-  WriteJob job;
+  WriteJob job = std::move(*planned);
   job.target = ReadAsWrite(c.source);
   job.transfer = r.transfer;
-  // Planned as P would write it: src offsets in P's region, dst in ours.
-  job.segments = net::PlanWrite(options_.shape, p->tp, p->rank, p->num_blocks, options_.tp,
-                                options_.rank, options_.num_blocks, r.src, r.dst);
-  for (const net::Segment& seg : job.segments) job.bytes += seg.bytes;
   job.deadline = r.deadline;
   const ReadId id = r.read;
   const uint64_t bytes = job.bytes;
@@ -83,21 +98,17 @@ void RankActor::StartWriteJob(StartWrite w) {
     deferred_write_done_.emplace_back(w.write, false);  // gone, or its target broke
     return;
   }
-  if (!net::BlocksFit(w.src, options_.num_blocks, w.dst, d->num_blocks)) {  // D's ids
-    ++driver_malformed_;
-    LogOnce("rank", "bad_dst", "rank " + std::to_string(options_.rank) +
-                                   ": a pull named blocks outside D's pool (or a different "
-                                   "count than the send holds); failing its write");
+  std::optional<WriteJob> planned =
+      PlanJob({options_.tp, options_.rank, options_.num_blocks}, {d->tp, d->rank, d->num_blocks},
+              w.src, w.dst, /*read=*/false);
+  if (!planned) {
     deferred_write_done_.emplace_back(w.write, false);
     return;
   }
-  WriteJob job;
+  WriteJob job = std::move(*planned);
   const std::shared_ptr<net::Target> target = t->second.target;
   job.target = target;
   job.transfer = w.transfer;
-  job.segments = net::PlanWrite(options_.shape, options_.tp, options_.rank, options_.num_blocks,
-                                d->tp, d->rank, d->num_blocks, w.src, w.dst);
-  for (const net::Segment& s : job.segments) job.bytes += s.bytes;
   job.deadline = w.deadline;
   const WriteId id = w.write;
   const PeerId peer = w.peer;

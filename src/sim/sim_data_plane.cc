@@ -88,6 +88,20 @@ void Simulator::BlocksFreedCheck(uint32_t engine) {
   }
 }
 
+Duration Simulator::StartCopy(Copy* c, PeerAddress p, PeerAddress d) {
+  c->used = true;
+  c->p_engine = p.engine;
+  c->p_rank = p.rank;
+  c->p_incarnation = p.incarnation;
+  c->d_engine = d.engine;
+  c->d_rank = d.rank;
+  c->d_incarnation = d.incarnation;
+  c->fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
+  c->garbage = c->fail && prng_.Chance(params_.write_partial_pm, 1000);
+  return Duration::Nanoseconds(
+      static_cast<int64_t>(prng_.Uniform(params_.write_time_max.ns()) + 1));
+}
+
 void Simulator::BeginWrite(uint32_t e, uint32_t r, StartWrite w) {
   if (now_ >= w.deadline) {
     Violation("write for transfer " + w.transfer.ToString() +
@@ -96,18 +110,9 @@ void Simulator::BeginWrite(uint32_t e, uint32_t r, StartWrite w) {
   }
   const uint32_t slot = TakeSlot(writes_, free_writes_);
   Write& wr = writes_[slot];
-  wr.used = true;
-  wr.p_engine = e;
-  wr.p_rank = r;
-  wr.p_incarnation = nodes_[e].incarnation;
-  wr.d_engine = PeerAddress::Of(w.peer).engine;
-  wr.d_rank = PeerAddress::Of(w.peer).rank;
-  wr.d_incarnation = w.peer.generation;
-  wr.fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
-  wr.garbage = wr.fail && prng_.Chance(params_.write_partial_pm, 1000);
+  const Duration d =
+      StartCopy(&wr, PeerAddress{e, r, nodes_[e].incarnation}, PeerAddress::Of(w.peer));
   wr.w = std::move(w);
-  const Duration d = Duration::Nanoseconds(
-      static_cast<int64_t>(prng_.Uniform(params_.write_time_max.ns()) + 1));
   queue_.Push(Event{now_ + d, 0, EventKind::kWriteDone, slot});
 }
 
@@ -209,18 +214,9 @@ void Simulator::BeginRead(uint32_t e, uint32_t r, StartRead read) {
   }
   const uint32_t slot = TakeSlot(reads_, free_reads_);
   Read& rd = reads_[slot];
-  rd.used = true;
-  rd.d_engine = e;
-  rd.d_rank = r;
-  rd.d_incarnation = nodes_[e].incarnation;
-  rd.p_engine = PeerAddress::Of(read.peer).engine;
-  rd.p_rank = PeerAddress::Of(read.peer).rank;
-  rd.p_incarnation = read.peer.generation;
-  rd.fail = faults_on() && prng_.Chance(params_.write_fail_pm, 1000);
-  rd.garbage = rd.fail && prng_.Chance(params_.write_partial_pm, 1000);
+  const Duration d =
+      StartCopy(&rd, PeerAddress::Of(read.peer), PeerAddress{e, r, nodes_[e].incarnation});
   rd.r = std::move(read);
-  const Duration d = Duration::Nanoseconds(
-      static_cast<int64_t>(prng_.Uniform(params_.write_time_max.ns()) + 1));
   queue_.Push(Event{now_ + d, 0, EventKind::kReadDone, slot});
 }
 

@@ -164,22 +164,24 @@ class Simulator {
     bool to_producer = false;     // D → P (else P → D)
     std::vector<uint8_t> frame;   // one encoded wire frame
   };
-  struct Write {
+  // KV moving between a P rank and a D rank: a write (push) or a read.
+  struct Copy {
     bool used = false;
     uint32_t p_engine = 0, p_rank = 0, p_incarnation = 0;
     uint32_t d_engine = 0, d_rank = 0, d_incarnation = 0;
+    bool fail = false, garbage = false;
+  };
+  struct Write : Copy {
     StartWrite w;
-    bool fail = false, garbage = false;
   };
-
   // Read mode: D rank (e, r) copies P's blocks into its own.
-  struct Read {
-    bool used = false;
-    uint32_t p_engine = 0, p_rank = 0, p_incarnation = 0;
-    uint32_t d_engine = 0, d_rank = 0, d_incarnation = 0;
+  struct Read : Copy {
     StartRead r;
-    bool fail = false, garbage = false;
   };
+  // Sets up `c` between P rank (p, pr) and D rank (d, dr) of those
+  // incarnations, draws whether it fails (and lands garbage), and returns
+  // how long it takes.
+  Duration StartCopy(Copy* c, PeerAddress p, PeerAddress d);
 
   void BuildNode(uint32_t e);
   // Events carry the incarnation they were meant for: one for a process
