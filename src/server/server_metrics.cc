@@ -7,13 +7,64 @@
 namespace kvrelay::server {
 
 namespace {
-// Counter slots of Snapshot::counters (summed over ranks).
-enum Slot {
-  kFramesIn, kFramesOut, kMalformed, kUnknownSender, kHandshakeRefused, kUnroutable,
-  kHandshakes, kPeersDown, kPeersGone, kReconnects, kWritesOk, kWritesFailed, kBytesWritten,
-  kPullsSent, kAnswersReceived, kWritesInline, kLaneFramesOut, kLanesOpened, kLanesBroken, kSlots
+// The runtime::RankCounters exported: each summed over ranks at scrape time
+// (Snapshot::rank_counters, by index here). A counter is one line.
+//
+// Section: where the series is registered, which keeps its family's place in
+// the exposition: with the control channel's counters, or access control's.
+enum class Section { kControl, kAccess };
+struct RankCounterMetric {
+  const char* name;
+  const char* help;
+  std::atomic<uint64_t> runtime::RankCounters::*member;
+  Section section = Section::kControl;
+  const char* label = nullptr;  // one label, {label, value}, if any
+  const char* value = nullptr;
 };
-static_assert(kSlots <= 20);
+using RC = runtime::RankCounters;
+constexpr const char* kRefusedHelp = "pull items refused (P), by reason";
+constexpr RankCounterMetric kRankCounterMetrics[] = {
+    {"kvrelay_control_frames_received_total", "control frames received", &RC::frames_in},
+    {"kvrelay_control_frames_sent_total", "control frames sent", &RC::frames_out},
+    {"kvrelay_control_frames_malformed_total", "control frames dropped: undecodable",
+     &RC::malformed},
+    {"kvrelay_control_unknown_sender_total", "control frames dropped: sender never handshook",
+     &RC::unknown_sender},
+    {"kvrelay_handshakes_refused_total",
+     "handshakes refused: layout, transport or identity mismatch", &RC::handshake_refused},
+    {"kvrelay_control_unroutable_total", "messages for a peer that is gone", &RC::unroutable},
+    {"kvrelay_handshakes_total", "peers (re)registered", &RC::handshakes},
+    {"kvrelay_peers_down_total", "peers that went silent", &RC::peers_down},
+    {"kvrelay_peers_gone_total", "peers declared gone (their loads failed)", &RC::peers_gone},
+    {"kvrelay_peer_reconnects_total", "silent peers that came back", &RC::reconnects},
+    {"kvrelay_writes_ok_total", "data-plane writes completed (P)", &RC::writes_ok},
+    {"kvrelay_writes_failed_total", "data-plane writes failed (P)", &RC::writes_failed},
+    {"kvrelay_writes_inline_total",
+     "of the writes, run on the rank's own thread (small shm and tcp ones) (P)",
+     &RC::writes_inline},
+    {"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", &RC::bytes_written},
+    {"kvrelay_pulls_sent_total", "pull items sent (D)", &RC::pulls_sent},
+    {"kvrelay_answers_received_total", "answers received (D)", &RC::answers_received},
+    {"kvrelay_lane_frames_sent_total",
+     "of the control frames sent, those on a local lane (shm, same host)",
+     &RC::lane_frames_out},
+    {"kvrelay_lanes_opened_total", "local lanes opened (D) or attached (P)", &RC::lanes_opened},
+    {"kvrelay_lanes_broken_total",
+     "local lanes that broke (peer gone or bad frame); D falls back to ZeroMQ",
+     &RC::lanes_broken},
+    // Access control (docs/operations.md, "Access control").
+    {"kvrelay_pulls_refused_total", kRefusedHelp, &RC::pulls_refused_unauthenticated,
+     Section::kAccess, "reason", "unauthenticated"},
+    {"kvrelay_pulls_refused_total", kRefusedHelp, &RC::pulls_refused_dst, Section::kAccess,
+     "reason", "dst_out_of_region"},
+    {"kvrelay_pulls_refused_total", kRefusedHelp, &RC::pulls_misaddressed, Section::kAccess,
+     "reason", "misaddressed"},
+    {"kvrelay_handshakes_auth_failed_total",
+     "control-channel handshakes refused: no, wrong or replayed proof of the token",
+     &RC::auth_failed, Section::kAccess},
+};
+constexpr size_t kRankCounterCount = std::size(kRankCounterMetrics);
+
 const std::vector<double>& TransferBuckets() {
   static const std::vector<double> b = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                         0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
@@ -200,45 +251,16 @@ ServerMetrics::ServerMetrics() {
   load_counter("failed", &LoadTableStats::loads_failed);
   load_counter("released", &LoadTableStats::loads_released);
   load_counter("cut_short", &LoadTableStats::loads_cut_short);
-  struct C {
-    const char* name;
-    const char* help;
-    int slot;
+  auto rank_counters = [&](Section section) {
+    for (size_t i = 0; i < kRankCounterCount; ++i) {
+      const RankCounterMetric& m = kRankCounterMetrics[i];
+      if (m.section != section) continue;
+      MetricLabels labels;
+      if (m.label != nullptr) labels.emplace_back(m.label, m.value);
+      counter(m.name, m.help, std::move(labels), [s, i] { return s->rank_counters[i]; });
+    }
   };
-  for (const C& c : {
-           C{"kvrelay_control_frames_received_total", "control frames received", kFramesIn},
-           C{"kvrelay_control_frames_sent_total", "control frames sent", kFramesOut},
-           C{"kvrelay_control_frames_malformed_total", "control frames dropped: undecodable",
-             kMalformed},
-           C{"kvrelay_control_unknown_sender_total",
-             "control frames dropped: sender never handshook", kUnknownSender},
-           C{"kvrelay_handshakes_refused_total",
-             "handshakes refused: layout, transport or identity mismatch", kHandshakeRefused},
-           C{"kvrelay_control_unroutable_total", "messages for a peer that is gone",
-             kUnroutable},
-           C{"kvrelay_handshakes_total", "peers (re)registered", kHandshakes},
-           C{"kvrelay_peers_down_total", "peers that went silent", kPeersDown},
-           C{"kvrelay_peers_gone_total", "peers declared gone (their loads failed)", kPeersGone},
-           C{"kvrelay_peer_reconnects_total", "silent peers that came back", kReconnects},
-           C{"kvrelay_writes_ok_total", "data-plane writes completed (P)", kWritesOk},
-           C{"kvrelay_writes_failed_total", "data-plane writes failed (P)", kWritesFailed},
-           C{"kvrelay_writes_inline_total",
-             "of the writes, run on the rank's own thread (small shm and tcp ones) (P)", kWritesInline},
-           C{"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", kBytesWritten},
-           C{"kvrelay_pulls_sent_total", "pull items sent (D)", kPullsSent},
-           C{"kvrelay_answers_received_total", "answers received (D)", kAnswersReceived},
-           C{"kvrelay_lane_frames_sent_total",
-             "of the control frames sent, those on a local lane (shm, same host)",
-             kLaneFramesOut},
-           C{"kvrelay_lanes_opened_total", "local lanes opened (D) or attached (P)",
-             kLanesOpened},
-           C{"kvrelay_lanes_broken_total",
-             "local lanes that broke (peer gone or bad frame); D falls back to ZeroMQ",
-             kLanesBroken},
-       }) {
-    const int slot = c.slot;
-    counter(c.name, c.help, {}, [s, slot] { return s->counters[slot]; });
-  }
+  rank_counters(Section::kControl);
   const char* kLimitHelp = "requests and control frames refused for a configured limit, by limit";
   // Bodies over the limit are refused by the HTTP server, for every framing.
   r.AddCounterFn("kvrelay_limit_rejections_total", kLimitHelp, {{"limit", "body_bytes"}},
@@ -252,14 +274,10 @@ ServerMetrics::ServerMetrics() {
             {{"limit", std::string(WireLimitName(static_cast<WireLimit>(i)))}},
             [s, i] { return s->over_limit[i]; });
   }
-  // Access control (docs/operations.md, "Access control").
-  const char* kRefusedHelp = "pull items refused (P), by reason";
-  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "unauthenticated"}},
-          [s] { return s->access[1]; });
-  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "dst_out_of_region"}},
-          [s] { return s->access[2]; });
-  counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "misaddressed"}},
-          [s] { return s->access[3]; });
+  // Access control (docs/operations.md, "Access control"): the rank's counters
+  // (refused pulls, then failed handshakes, each family in its place), then
+  // the pulls the send table refused.
+  rank_counters(Section::kAccess);
   counter("kvrelay_pulls_refused_total", kRefusedHelp, {{"reason", "wrong_engine"}}, [s] {
     uint64_t n = 0;
     for (const auto& rk : s->ranks) n += rk.send_stats.refused_wrong_engine;
@@ -270,9 +288,6 @@ ServerMetrics::ServerMetrics() {
     for (const auto& rk : s->ranks) n += rk.send_stats.unknown_transfer_expired;
     return n;
   });
-  counter("kvrelay_handshakes_auth_failed_total",
-          "control-channel handshakes refused: no, wrong or replayed proof of the token", {},
-          [s] { return s->access[0]; });
   for (int v = 1; v < kAdminAuthVerdicts; ++v) {
     admin_auth_refused_[v] = r.AddCounter(
         "kvrelay_admin_auth_refused_total",
@@ -330,23 +345,16 @@ runtime::LatencySink ServerMetrics::LatencySink() {
 std::string ServerMetrics::Render(runtime::Node& node) {
   MutexLock lock(&render_mu_);
   snap_ = Snapshot{};
+  snap_.rank_counters.assign(kRankCounterCount, 0);
   if (auto e = node.engine().Query([](const engine::Engine& en) { return en.Snapshot(); })) {
     snap_.engine = *e;
   }
   for (const auto& rank : node.ranks()) {
     if (auto st = rank->State()) snap_.ranks.push_back(std::move(*st));
     const runtime::RankCounters& c = rank->counters();
-    const std::atomic<uint64_t>* fields[kSlots] = {
-        &c.frames_in,   &c.frames_out, &c.malformed, &c.unknown_sender, &c.handshake_refused,
-        &c.unroutable,  &c.handshakes, &c.peers_down, &c.peers_gone,    &c.reconnects,
-        &c.writes_ok,   &c.writes_failed, &c.bytes_written, &c.pulls_sent,
-        &c.answers_received, &c.writes_inline, &c.lane_frames_out, &c.lanes_opened,
-        &c.lanes_broken};
-    for (int i = 0; i < kSlots; ++i) snap_.counters[i] += fields[i]->load();
-    snap_.access[0] += c.auth_failed.load();
-    snap_.access[1] += c.pulls_refused_unauthenticated.load();
-    snap_.access[2] += c.pulls_refused_dst.load();
-    snap_.access[3] += c.pulls_misaddressed.load();
+    for (size_t i = 0; i < kRankCounterCount; ++i) {
+      snap_.rank_counters[i] += (c.*kRankCounterMetrics[i].member).load();
+    }
     for (int i = 0; i < kWireLimitCount; ++i) snap_.over_limit[i] += c.over_limit[i].load();
   }
   const net::TransportStats& ts = node.transport().stats();

@@ -64,9 +64,10 @@ class ServerMetrics {
   struct Snapshot {
     engine::EngineSnapshot engine;
     std::vector<runtime::RankState> ranks;
-    uint64_t counters[20] = {};
+    // runtime::RankCounters summed over ranks, by index in server_metrics.cc's
+    // kRankCounterMetrics.
+    std::vector<uint64_t> rank_counters;
     uint64_t transport[6] = {};
-    uint64_t access[4] = {};  // auth_failed, refused unauthenticated, dst, misaddressed
     uint64_t over_limit[kWireLimitCount] = {};
   };
   std::function<http::ServerStats()> http_stats_;
