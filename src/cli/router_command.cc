@@ -13,10 +13,10 @@
 
 #include "cli/commands.h"
 #include "cli/http_flags.h"
+#include "os/clock.h"
 #include "router/engine_pool.h"
 #include "router/router_server.h"
 #include "runtime/auth_token.h"
-#include "os/clock.h"
 
 namespace kvrelay::cli {
 namespace {

@@ -11,10 +11,10 @@
 
 #include "cli/commands.h"
 #include "cli/http_flags.h"
-#include "runtime/free_port.h"
-#include "os/os_random.h"
 #include "os/clock.h"
+#include "os/os_random.h"
 #include "runtime/auth_token.h"
+#include "runtime/free_port.h"
 #include "server/engine_server.h"
 
 namespace kvrelay::cli {

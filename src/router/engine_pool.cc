@@ -4,10 +4,10 @@
 #include <chrono>
 
 #include "base/check.h"
-#include "router/engine_picker.h"
-#include "os/clock.h"
 #include "http/http_client.h"
+#include "os/clock.h"
 #include "os/log.h"
+#include "router/engine_picker.h"
 
 namespace kvrelay::router {
 

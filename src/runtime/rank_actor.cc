@@ -7,7 +7,6 @@
 #include "core/tp_mapping.h"
 #include "os/clock.h"
 #include "os/log.h"
-#include "os/os_random.h"
 #include "os/thread_priority.h"
 
 namespace kvrelay::runtime {
@@ -34,7 +33,7 @@ RankActor::RankActor(const RankActorOptions& options, void* zmq_context,
       region_(region),
       engine_(engine),
       sink_(std::move(sink)),
-      session_(SessionOptions()),
+      session_(SessionOptionsFor(options, transport->kind(), region->registration())),
       inbox_(65536),
       writers_(std::make_unique<WriterPool>(options.num_workers,
                                             size_t{options.num_workers} * 4)),
@@ -424,40 +423,6 @@ void RankActor::Run(SessionAction a) {
       LogOnce("rank", l->once_key, l->text);
     }
   }
-}
-
-HandshakeMsg RankActor::OwnHandshake() const {
-  HandshakeMsg hs;
-  hs.engine_id = options_.engine_id;
-  hs.incarnation = options_.incarnation;
-  hs.rank = options_.rank;
-  hs.tp = options_.tp;
-  hs.role = static_cast<uint8_t>(options_.role);
-  hs.transport = static_cast<uint8_t>(transport_->kind());
-  hs.layers = options_.shape.layers;
-  hs.kv_heads = options_.shape.kv_heads;
-  hs.head_dim = options_.shape.head_dim;
-  hs.dtype_bytes = options_.shape.dtype_bytes;
-  hs.block_tokens = options_.shape.block_tokens;
-  hs.num_blocks = options_.num_blocks;
-  hs.registration = region_->registration();
-  return hs;
-}
-
-RankSessionOptions RankActor::SessionOptions() const {
-  RankSessionOptions o;
-  o.connector.role = options_.role;
-  o.connector.rank = options_.rank;
-  o.connector.tp = options_.tp;
-  o.connector.mode = options_.mode;
-  o.timings = options_.timings;
-  o.connector.send.num_workers = options_.num_workers;
-  o.self = OwnHandshake();
-  o.max_tp = engine::kHeadGroups;
-  o.limits = options_.limits;
-  o.auth_token = options_.auth_token;
-  o.nonce = NonceFromOs;
-  return o;
 }
 
 }  // namespace kvrelay::runtime

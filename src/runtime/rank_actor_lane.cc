@@ -18,22 +18,11 @@
 #include <vector>
 
 #include "os/clock.h"
-#include "runtime/local_host.h"
 #include "os/log.h"
+#include "runtime/local_host.h"
 #include "runtime/rank_actor.h"
 
 namespace kvrelay::runtime {
-
-namespace {
-
-}  // namespace
-
-LaneLimits LaneLimitsFor(const RankActorOptions& o) {
-  LaneLimits l;
-  l.max_frame_bytes = o.limits.max_frame_bytes;
-  l.max_frames = static_cast<size_t>(std::max(o.socket_hwm, 1));
-  return l;
-}
 
 bool RankActor::SameHost(const std::string& host) const {
   // shm maps P's region, so its P is on this host whatever the name says.

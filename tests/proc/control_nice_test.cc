@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "proc/harness.h"
 #include "os/thread_priority.h"
+#include "proc/harness.h"
 
 namespace kvrelay::proctest {
 namespace {
