@@ -56,7 +56,7 @@ std::string_view MarkName(Mark m) {
     case Mark::kLaneOpened: return "lane_opened";
     case Mark::kCrashStayedDown: return "crash_stayed_down";
     case Mark::kPullMisaddressed: return "pull_misaddressed";
-    case Mark::kFreedUnderSilentPeer: return "freed_under_silent_peer";
+    case Mark::kFreedUnderRevokedWrite: return "freed_under_revoked_write";
     case Mark::kCount: break;
   }
   return "?";

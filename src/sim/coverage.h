@@ -66,7 +66,7 @@ enum class Mark : uint8_t {
   kLaneOpened,
   kCrashStayedDown,          // a crashed engine stayed away before restarting
   kPullMisaddressed,         // a restarted P dropped a pull meant for its previous life
-  kFreedUnderSilentPeer,     // D freed blocks a silent (gone, maybe alive) P was writing
+  kFreedUnderRevokedWrite,   // D freed blocks a write was still headed for, its grant revoked
   kCount
 };
 

@@ -57,12 +57,13 @@ void Simulator::BlocksFreedCheck(uint32_t engine) {
         w.p_incarnation != nodes_[w.p_engine].incarnation) {
       continue;
     }
-    // A P rank D declared gone for its silence may still be alive (a
-    // partition): D freed at once, and the write, if it ever arrives, finds
-    // its grant revoked and is refused (FinishWrite) — tcp's guarantee; shm
-    // and ucx check no grants (docs/operations.md, "Known limits").
-    if (silence_gone_.count({engine, w.d_rank, w.p_engine, w.p_rank, w.p_incarnation}) != 0) {
-      Hit(Mark::kFreedUnderSilentPeer);
+    // A transport that checks grants (tcp) refuses a write whose grant D
+    // revoked (FinishWrite): D may free its blocks before it ends — a P
+    // declared gone for its silence may be alive behind a partition. One
+    // that checks none (shm, ucx) would land it: there, D must not free.
+    if (params_.grants_checked &&
+        !Granted(nodes_[engine].ranks[w.d_rank]->write_grants(), w.w.transfer, w.w.dst)) {
+      Hit(Mark::kFreedUnderRevokedWrite);
       continue;
     }
     for (const BlockId& b : w.w.dst) {
@@ -134,7 +135,8 @@ void Simulator::FinishWrite(uint32_t slot) {
   Node& d = nodes_[wr.d_engine];
   bool reachable = d.incarnation == wr.d_incarnation && d.alive &&
                    !Partitioned(wr.p_engine, wr.d_engine);
-  if (reachable && !Granted(d.ranks[wr.d_rank]->write_grants(), t, wr.w.dst)) {
+  if (params_.grants_checked && reachable &&
+      !Granted(d.ranks[wr.d_rank]->write_grants(), t, wr.w.dst)) {
     Hit(Mark::kWriteRefusedNoGrant);  // tcp's receiver refuses it: nothing lands
     reachable = false;
   }
@@ -232,7 +234,8 @@ void Simulator::FinishRead(uint32_t slot) {
   Node& p = nodes_[rd.p_engine];
   bool reachable = p.incarnation == rd.p_incarnation && p.alive &&
                    !Partitioned(rd.p_engine, rd.d_engine);
-  if (reachable && !Granted(p.ranks[rd.p_rank]->read_grants(), rd.r.transfer, rd.r.src)) {
+  if (params_.grants_checked && reachable &&
+      !Granted(p.ranks[rd.p_rank]->read_grants(), rd.r.transfer, rd.r.src)) {
     Hit(Mark::kWriteRefusedNoGrant);  // P serves reads only inside a lease's grant
     reachable = false;
   }

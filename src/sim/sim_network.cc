@@ -82,10 +82,6 @@ void Simulator::RunAction(uint32_t e, uint32_t r, SessionAction a) {
         return;
       }
       newest = pc->peer.generation;
-    } else if (pc->state == ProducerState::kGone && nodes_[pc->engine].alive &&
-               nodes_[pc->engine].incarnation == pc->peer.generation) {
-      // Declared gone, yet alive: silence (a partition, lost frames).
-      silence_gone_.insert({e, r, pc->engine, pc->rank, pc->peer.generation});
     }
   }
   // OpenSource, grants (the checks read the session's own), observations

@@ -1,5 +1,6 @@
 #include "sim/sim_params.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "base/prng.h"
@@ -97,6 +98,11 @@ SimParams DrawParams(uint64_t seed) {
   p.same_host_pm = prng.OneIn(3) ? 0 : static_cast<uint32_t>(prng.Range(1, 1000));
   if (!prng.OneIn(3)) p.crash_downtime_max = p.timings.peer_dead_after * 2;
   p.auth = prng.OneIn(4);
+  p.grants_checked = !prng.OneIn(2);
+  if (!p.grants_checked) {
+    p.timings.peer_dead_after =
+        std::max(p.timings.peer_dead_after, p.timings.GiveUp() + p.timings.heartbeat);
+  }
   return p;
 }
 
@@ -113,7 +119,7 @@ std::string SimParams::ToString() const {
       "requests %u blocks<=%u faults: abort %u drop %u wfail %u crash %u "
       "partition %u policy %s mode %s lease %.3fs/%.3fs hb %.3fs fast_abort %u early %u "
       "queue_wait %.3fs resume %s hb %.3fs down %.3fs dead %.3fs same_host %u "
-      "downtime %.3fs auth %d",
+      "downtime %.3fs auth %d grants %s",
       tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
       num_workers, timings.abort_timeout.seconds(), timings.giveup_grace.seconds(), num_requests,
       max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
@@ -123,7 +129,7 @@ std::string SimParams::ToString() const {
       fast_abort_pm, early_abort_pm, max_queue_wait.seconds(),
       resume_waits_for_call ? "after the call" : "any time", timings.heartbeat.seconds(),
       timings.peer_down_after.seconds(), timings.peer_dead_after.seconds(), same_host_pm,
-      crash_downtime_max.seconds(), auth ? 1 : 0);
+      crash_downtime_max.seconds(), auth ? 1 : 0, grants_checked ? "checked" : "unchecked");
   return buf;
 }
 

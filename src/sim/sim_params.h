@@ -115,6 +115,11 @@ struct SimParams {
   // starts (0: it restarts at once).
   Duration crash_downtime_max = Duration::Zero();
   bool auth = false;   // handshakes prove a shared token
+  // The data plane checks grants (tcp: a write or read outside them is
+  // refused). Else it checks none (shm, ucx): then peer_dead_after is at
+  // least the give-up time, as docs/operations.md asks of such clusters,
+  // and D must never free a block a write is still headed for.
+  bool grants_checked = true;
 
   std::string ToString() const;
 };

@@ -274,10 +274,6 @@ class Simulator {
     std::set<std::pair<uint32_t, uint32_t>> lanes;  // (D engine, D rank)
   };
   std::map<std::pair<uint32_t, uint32_t>, Death> deaths_;  // (engine, incarnation)
-  // (D engine, D rank, P engine, P rank, P incarnation) declared gone while
-  // alive: D freed that producer's loads at once (tcp refuses its late
-  // writes by their revoked grants).
-  std::set<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>> silence_gone_;
   Prng nonce_prng_{0};
   // Exactly-once answers: every pull item a P rank accepted, by key.
   struct PullRecord {
