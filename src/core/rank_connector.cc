@@ -74,11 +74,11 @@ void RankConnector::Reconnected(PeerId peer, Instant now) {
   Pump();
 }
 
-void RankConnector::PeerGone(PeerId peer, Instant now) {
+void RankConnector::PeerGone(PeerId peer, Instant now, bool fail_pulls) {
   for (const auto& [key, current] : peers_) {
     if (current == peer) gone_.insert({peer.index, peer.generation});
   }
-  FailPeer(peer, now);
+  if (fail_pulls) FailPeer(peer, now);
 }
 
 void RankConnector::FailPeer(PeerId peer, Instant now) {

@@ -85,7 +85,10 @@ class RankConnector {
   // LoadTable::PeerGone), and so does every load started later that needs
   // it — a request admitted just before the death was known — until a
   // handshake shows it alive (Reconnected) or a new incarnation (SetPeer).
-  void PeerGone(PeerId peer, Instant now);
+  // !fail_pulls: only the latter (new loads fail); the pulls in flight wait
+  // for their answer or give-up time (a silent peer on a transport that
+  // cannot refuse its late writes).
+  void PeerGone(PeerId peer, Instant now, bool fail_pulls = true);
   // The connection to `peer` was re-established; see LoadTable::ResendTo.
   void Reconnected(PeerId peer, Instant now);
 

@@ -252,7 +252,8 @@ void RankSession::OnLaneClosed(uint32_t engine, uint32_t rank, bool process_gone
   it->second.lane = false;
   if (process_gone && it->second.known && it->second.state != ProducerState::kGone) {
     ++stats_.peers_exited;
-    DeclareGone(it->second, now, "exited (its local lane closed, its process is gone)");
+    DeclareGone(it->second, now, "exited (its local lane closed, its process is gone)",
+                /*proven=*/true);
   }
   Pump(now);
 }
@@ -545,7 +546,7 @@ void RankSession::Heartbeat(Instant now) {
       SetState(p, ProducerState::kDown, "silent for " + Seconds(silent));
     }
     if (p.state == ProducerState::kDown && silent > options_.timings.peer_dead_after) {
-      DeclareGone(p, now, "silent for " + Seconds(silent));
+      DeclareGone(p, now, "silent for " + Seconds(silent), /*proven=*/false);
     }
   }
 }
@@ -553,11 +554,12 @@ void RankSession::Heartbeat(Instant now) {
 // The one place a P incarnation is declared gone: its loads fail now (and
 // recompute or fail by policy), and a new load naming it fails until it
 // answers again.
-void RankSession::DeclareGone(ProducerPeer& p, Instant now, const std::string& why) {
+void RankSession::DeclareGone(ProducerPeer& p, Instant now, const std::string& why,
+                              bool proven) {
   if (!p.known || p.state == ProducerState::kGone) return;
   ++stats_.peers_gone;
   SetState(p, ProducerState::kGone, why);
-  conn_.PeerGone(p.peer, now);
+  conn_.PeerGone(p.peer, now, proven || options_.silence_fails_loads);
 }
 
 // --- actions -----------------------------------------------------------------

@@ -90,6 +90,14 @@ struct RankSessionOptions {
   // runtime). false: NextDeadline() names the next heartbeat only while
   // WantsHeartbeat() (the simulator, whose run ends when its queue does).
   bool idle_heartbeats = true;
+  // A P rank gone for its silence may be alive behind a partition, still
+  // writing. true (tcp: the receiver refuses writes outside the grants, and
+  // D revokes them first): its loads fail now. false (shm, ucx: a late write
+  // would land): only new loads naming it fail; the loads in flight wait
+  // for its answer or their give-up time. A P proven dead (its successor
+  // answered, or its lane closed with its process gone) fails them now
+  // either way.
+  bool silence_fails_loads = true;
   // Fresh nonces for challenges (the runtime: getrandom; the simulator: its
   // seeded PRNG). Needed only with a token.
   std::function<HandshakeNonce()> nonce;
@@ -287,8 +295,9 @@ class RankSession {
   void SendHello(ProducerPeer& p);
   void SendReply(const std::string& identity, const HandshakeMsg& hello);
   void Heartbeat(Instant now);
-  // The one place a P incarnation is declared gone.
-  void DeclareGone(ProducerPeer& p, Instant now, const std::string& why);
+  // The one place a P incarnation is declared gone; `proven`: its process
+  // is known to have exited (not just silent).
+  void DeclareGone(ProducerPeer& p, Instant now, const std::string& why, bool proven);
   void SetState(ProducerPeer& p, ProducerState s, const std::string& why);
   void Pump(Instant now);  // the connector's actions into ours
   void SendOut(OutMessage out, Instant now);

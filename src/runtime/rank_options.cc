@@ -35,6 +35,8 @@ RankSessionOptions SessionOptionsFor(const RankActorOptions& options,
   o.limits = options.limits;
   o.auth_token = options.auth_token;
   o.nonce = NonceFromOs;
+  // Only tcp refuses a write whose grant was revoked (net/grant_table.h).
+  o.silence_fails_loads = transport == net::TransportKind::kTcp;
   return o;
 }
 

@@ -1,6 +1,5 @@
 #include "sim/sim_params.h"
 
-#include <algorithm>
 #include <cstdio>
 
 #include "base/prng.h"
@@ -99,10 +98,6 @@ SimParams DrawParams(uint64_t seed) {
   if (!prng.OneIn(3)) p.crash_downtime_max = p.timings.peer_dead_after * 2;
   p.auth = prng.OneIn(4);
   p.grants_checked = !prng.OneIn(2);
-  if (!p.grants_checked) {
-    p.timings.peer_dead_after =
-        std::max(p.timings.peer_dead_after, p.timings.GiveUp() + p.timings.heartbeat);
-  }
   return p;
 }
 

@@ -116,9 +116,9 @@ struct SimParams {
   Duration crash_downtime_max = Duration::Zero();
   bool auth = false;   // handshakes prove a shared token
   // The data plane checks grants (tcp: a write or read outside them is
-  // refused). Else it checks none (shm, ucx): then peer_dead_after is at
-  // least the give-up time, as docs/operations.md asks of such clusters,
-  // and D must never free a block a write is still headed for.
+  // refused). Else it checks none (shm, ucx): then a P gone for its silence
+  // fails no load in flight (RankSessionOptions::silence_fails_loads), and D
+  // must never free a block a write is still headed for.
   bool grants_checked = true;
 
   std::string ToString() const;

@@ -106,6 +106,7 @@ void Simulator::BuildNode(uint32_t e) {
     o.self.registration = {static_cast<uint8_t>(e), static_cast<uint8_t>(r)};
     o.max_tp = engine::kHeadGroups;
     o.idle_heartbeats = false;  // the run ends when its queue does
+    o.silence_fails_loads = params_.grants_checked;
     if (params_.auth) {
       o.auth_token = "sim-token";
       o.nonce = [this] {
