@@ -20,12 +20,14 @@
 //     incarnation replaces the peer whatever the state). Every heartbeat D
 //     sends each producer a hello (a Handshake); P's reply is the liveness
 //     proof. Silence is counted from the first hello after the last reply:
-//     past peer_down_after the peer is DOWN, past peer_dead_after GONE (its
-//     loads fail now; a new load naming it fails until it answers again).
+//     past peer_down_after the peer is DOWN, past peer_dead_after GONE (a
+//     new load naming it fails until it answers again; its loads in flight
+//     fail now where the transport refuses late writes, else they wait for
+//     an answer or their give-up time: silence_fails_loads).
 //     A reply with a newer incarnation proves the old process gone
 //     (RankConnector::SetPeer fails its pulls); one with an older
 //     incarnation is a stale frame and is dropped. The lane closing with the
-//     process gone (OnProducerExited) makes it GONE at once.
+//     process gone (OnLaneClosed) makes it GONE at once, its loads failed.
 //   P side: one Consumer per D rank (peer index), registered by a hello
 //     whose layout matches, whose incarnation is not older than the one
 //     registered, and — with a token — that proved it (HandshakeAuth). Its
