@@ -35,8 +35,11 @@ RankSessionOptions SessionOptionsFor(const RankActorOptions& options,
   o.limits = options.limits;
   o.auth_token = options.auth_token;
   o.nonce = NonceFromOs;
-  // Only tcp refuses a write whose grant was revoked (net/grant_table.h).
-  o.silence_fails_loads = transport == net::TransportKind::kTcp;
+  // tcp refuses a write whose grant was revoked (net/grant_table.h); shm's
+  // P shares D's host, where silence is no partition but a stalled or dead
+  // process (its lane usually proves which). ucx may be partitioned and
+  // checks no grants: a silent P's loads wait for their give-up time.
+  o.silence_fails_loads = transport != net::TransportKind::kUcx;
   return o;
 }
 
