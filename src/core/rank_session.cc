@@ -691,6 +691,11 @@ const ProducerPeer* RankSession::Producer(uint32_t engine, uint32_t rank) const 
   return it == producers_.end() ? nullptr : &it->second;
 }
 
+bool RankSession::CanLoadFrom(uint32_t engine, uint32_t rank) const {
+  const ProducerPeer* p = Producer(engine, rank);
+  return p != nullptr && p->known && p->state != ProducerState::kGone;
+}
+
 const ProducerPeer* RankSession::ProducerOf(PeerId peer) const {
   const PeerAddress at = PeerAddress::Of(peer);
   const ProducerPeer* p = Producer(at.engine, at.rank);

@@ -275,6 +275,10 @@ class RankSession {
   const RankSessionStats& stats() const { return stats_; }
   const ProducerPeer* Producer(uint32_t engine, uint32_t rank) const;
   const ProducerPeer* ProducerOf(PeerId peer) const;  // the live incarnation only
+  // D: a new load may name P rank (engine, rank): an incarnation of it
+  // answered and it is not gone (the runtime's EnsureProducers waits for
+  // this, through ProducerChanged; the simulator asks it directly).
+  bool CanLoadFrom(uint32_t engine, uint32_t rank) const;
   const ConsumerPeer* ConsumerOf(PeerId peer) const;  // the registered one only
   const std::map<std::pair<uint32_t, uint32_t>, ProducerPeer>& producers() const {
     return producers_;

@@ -145,8 +145,7 @@ bool Simulator::ProducersKnown(uint32_t d, uint32_t p) const {
   const Node& node = nodes_[d];
   for (uint32_t dr = 0; dr < node.tp; ++dr) {
     for (uint32_t pr : ProducerRanksFor(dr, node.tp, nodes_[p].tp)) {
-      const ProducerPeer* peer = node.ranks[dr]->Producer(p, pr);
-      if (peer == nullptr || !peer->known || peer->state == ProducerState::kGone) return false;
+      if (!node.ranks[dr]->CanLoadFrom(p, pr)) return false;
     }
   }
   return true;
