@@ -250,7 +250,7 @@ void RankSession::OnLaneClosed(uint32_t engine, uint32_t rank, bool process_gone
   auto it = producers_.find({engine, rank});
   if (it == producers_.end()) return;
   it->second.lane = false;
-  if (process_gone && it->second.known && it->second.state != ProducerState::kGone) {
+  if (process_gone && it->second.known && !it->second.loads_failed) {
     ++stats_.peers_exited;
     DeclareGone(it->second, now, "exited (its local lane closed, its process is gone)",
                 /*proven=*/true);
@@ -527,6 +527,7 @@ void RankSession::OnReply(ProducerPeer& p, const HandshakeMsg& hs, Instant now) 
 
 void RankSession::SetState(ProducerPeer& p, ProducerState s, const std::string& why) {
   p.state = s;
+  if (s != ProducerState::kGone) p.loads_failed = false;
   actions_.push_back(ProducerChanged{p.engine, p.rank, p.peer, s, why});
 }
 
@@ -556,10 +557,18 @@ void RankSession::Heartbeat(Instant now) {
 // answers again.
 void RankSession::DeclareGone(ProducerPeer& p, Instant now, const std::string& why,
                               bool proven) {
-  if (!p.known || p.state == ProducerState::kGone) return;
-  ++stats_.peers_gone;
-  SetState(p, ProducerState::kGone, why);
-  conn_.PeerGone(p.peer, now, proven || options_.silence_fails_loads);
+  if (!p.known) return;
+  const bool fail = proven || options_.silence_fails_loads;
+  if (p.state != ProducerState::kGone) {
+    ++stats_.peers_gone;
+    SetState(p, ProducerState::kGone, why);
+  } else if (!fail || p.loads_failed) {
+    return;  // gone already; nothing new proven
+  }
+  // Gone by silence on a transport that cannot refuse late writes, then
+  // proven dead: its loads in flight fail now.
+  p.loads_failed = fail;
+  conn_.PeerGone(p.peer, now, fail);
 }
 
 // --- actions -----------------------------------------------------------------
@@ -718,6 +727,7 @@ void RankSession::CheckInvariants() const {
       KV_CHECK(PeerAddress::Of(p.peer).rank == p.rank);
     }
     KV_CHECK(!p.lane || p.same_host);
+    KV_CHECK(!p.loads_failed || p.state == ProducerState::kGone);
   }
   for (const auto& [identity, index] : index_of_identity_) {
     auto it = consumers_.find(index);

@@ -119,6 +119,7 @@ struct ProducerPeer {
   bool source_open = false;          // read mode: its region is open for reading
   bool same_host = false;            // a lane may reach it
   bool lane = false;                 // a lane was opened and has not broken
+  bool loads_failed = false;         // GONE, and its loads in flight were failed
   Instant last_heard;
   std::optional<Instant> silent_since;  // first hello after the last reply
   HandshakeNonce peer_nonce{};       // P's latest challenge, echoed next
