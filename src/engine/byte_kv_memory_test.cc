@@ -147,7 +147,7 @@ TEST(ByteKvMemoryTest, EngineOnRealBytesMatchesReference) {
   Engine engine(o, &memory);
   std::vector<std::vector<Token>> prompts = {{1, 2, 3}, {5, 6, 7, 8, 9, 10, 11}, {42}};
   for (uint64_t c = 0; c < prompts.size(); ++c) {
-    ASSERT_TRUE(engine.AddRequest(RequestSpec{c, prompts[c], 6, {}}, Instant::Epoch()).ok());
+    ASSERT_TRUE(engine.AddRequest(RequestSpec{c, prompts[c], 6, {}, {}}, Instant::Epoch()).ok());
   }
   std::vector<std::vector<Token>> out(prompts.size());
   for (int step = 0; step < 200 && !engine.Idle(); ++step) {

@@ -20,9 +20,12 @@ ConnectorRole ConnectorRoleOf(Role r) {
 }
 }  // namespace
 
-Engine::Engine(const EngineOptions& options, KvMemory* memory)
+Engine::Engine(const EngineOptions& options, KvMemory* memory, ComputeModel* model)
     : options_(options),
       memory_(memory),
+      own_model_(model == nullptr ? std::make_unique<EmulatedModel>(options.shape, memory)
+                                  : nullptr),
+      model_(model != nullptr ? model : own_model_.get()),
       pool_(options.num_blocks),
       connector_(ConnectorSchedulerOptions{ConnectorRoleOf(options.role), options.tp,
                                            options.engine_id}),
@@ -30,6 +33,8 @@ Engine::Engine(const EngineOptions& options, KvMemory* memory)
   KV_CHECK(memory_ != nullptr);
   KV_CHECK_GT(options_.shape.block_tokens, 0u);
   KV_CHECK_EQ(kHeadGroups % options_.tp, 0u);
+  KV_CHECK(!options_.prefix_caching || model_->SharesBlocks());
+  KV_CHECK_LE(options_.shape.vocab, model_->vocab());
 }
 
 uint64_t Engine::Fingerprint(const Request& r) const {
@@ -72,6 +77,7 @@ Status Engine::AddRequest(RequestSpec spec, Instant now) {
   r.seq = std::move(spec.prompt);
   r.max_tokens = remote_decode ? 1 : spec.max_tokens;  // P emits one token
   r.kv = spec.kv;
+  r.sampling = spec.sampling;
   r.kv.prompt_hash = Fingerprint(r);
   r.remote_decode = remote_decode;
   r.remote_prefill = remote_prefill;
@@ -158,6 +164,7 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
 }
 
 void Engine::FreeBlocks(Request& r) {
+  model_->Forget(r.id.index);
   for (const BlockId& b : r.blocks) {
     pool_.Unref(b);
     if (!pool_.IsLive(b)) memory_->OnFree(b);
@@ -171,6 +178,9 @@ void Engine::DropKv(Request& r) {
   if (r.phase == Phase::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), r.client));
   }
+  // Planned this step already (preempted by an older request that ran
+  // out of blocks after it): it computes nothing now.
+  std::erase_if(plan_, [&](const Planned& p) { return p.client == r.client; });
   FreeBlocks(r);
   r.computed = 0;
   r.remote_prefill = false;  // what it had loaded is gone: compute locally

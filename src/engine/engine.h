@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,6 +55,8 @@
 #include "core/block_pool.h"
 #include "core/connector_scheduler.h"
 #include "core/first_token.h"
+#include "engine/compute_model.h"
+#include "engine/emulated_model.h"
 #include "engine/kv_memory.h"
 #include "engine/model.h"
 
@@ -95,6 +98,7 @@ struct RequestSpec {
   std::vector<Token> prompt;
   uint32_t max_tokens = 16;
   KvTransferParams kv;
+  Sampling sampling;             // the model's sampling (compute_model.h)
 };
 
 // --- actions ---------------------------------------------------------------
@@ -131,7 +135,10 @@ struct EngineSnapshot {
 
 class Engine {
  public:
-  Engine(const EngineOptions& options, KvMemory* memory);
+  // `model` computes KV and tokens (compute_model.h); null: the emulated
+  // model over `memory`, owned by the engine. REQUIRES: a model that does
+  // not share blocks runs with options.prefix_caching off.
+  Engine(const EngineOptions& options, KvMemory* memory, ComputeModel* model = nullptr);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -207,7 +214,17 @@ class Engine {
     // emitted without a step on it (core/first_token.h); kNoFirstToken once
     // that KV is gone or when there is none.
     Token producer_token = kNoFirstToken;
+    Sampling sampling;
     Phase phase = Phase::kWaiting;
+  };
+  // One request's share of the step being scheduled: KV for [from, to),
+  // then a token if it wants one (the model's, or the producer's carried
+  // token). Built by AdvanceRunning, run by RunPlanned.
+  struct Planned {
+    uint64_t client = 0;
+    uint32_t from = 0, to = 0;
+    bool wants_token = false;   // from the model
+    bool emits = false;         // a token goes out this step
   };
 
   enum class OpKind : uint8_t {
@@ -222,6 +239,7 @@ class Engine {
     uint32_t level = 0;
     bool reset_running = false;
     uint64_t version = 0;
+    uint64_t previous_version = 0;  // update_weights: the weights it replaced
     std::vector<uint64_t> clients;
     bool all = false;
     uint64_t drain_mark = 0;   // wait mode: requests that arrived before the call
@@ -245,11 +263,11 @@ class Engine {
   uint32_t Schedule();
   void AdmitWaiting();
   bool AdvanceRunning(Request& r, uint32_t* budget);
+  void RunPlanned();
   bool EnsureBlocks(Request& r, uint32_t tokens);
   void AllocateRun(Request& r, uint32_t n, TransferId owner);
-  void WriteKv(Request& r, uint32_t upto);
-  Token Generate(Request& r);
-  Token NextTokenOf(Request& r);  // the producer's token, or Generate
+  void CacheBlocks(Request& r, uint32_t from, uint32_t to);
+  bool CarriedTokenDue(const Request& r) const;
   bool PreemptNewerThan(const Request& self);
   bool SchedulingAllowed() const;
   // lifecycle (lifecycle.cc)
@@ -261,9 +279,12 @@ class Engine {
   bool DrainWaitsFor(const Request& r) const;
   void FinishOp(ControlOp& op);
   void Done(uint64_t op, bool ok, std::string detail = "");
+  Residency WantedResidency() const;
 
   const EngineOptions options_;
   KvMemory* const memory_;
+  std::unique_ptr<EmulatedModel> own_model_;  // when the driver gave none
+  ComputeModel* const model_;
   BlockPool pool_;
   ConnectorScheduler connector_;
   uint64_t weights_;
@@ -287,7 +308,10 @@ class Engine {
   bool resetting_ = false;   // a cache reset released transfers, not done
   bool kv_discarded_ = false;  // sleep >= 1 / release: wake re-registers
   Instant next_expiry_scan_;   // ExpireUnstarted looks again at or after it
-  std::vector<uint64_t> read_scratch_;  // Generate's digests, reused
+  uint32_t sleep_level_ = 0;   // of the sleep in force (WantedResidency)
+  std::vector<Planned> plan_;      // the step being scheduled
+  std::vector<SeqWork> batch_;     // RunPlanned's, reused
+  std::vector<Token> batch_out_;
   struct Stats {
     uint64_t preemptions = 0;
     uint64_t loads_recomputed = 0;

@@ -233,7 +233,11 @@ void Engine::ProgressControl() {
         if (state_ == EngineState::kSleeping || state_ == EngineState::kKvReleased) {
           state_ = EngineState::kActive;
         }
-        Done(op.id, true);
+        {
+          // The model rebuilds what sleep freed (its KV context, weights).
+          const Status s = model_->Reside(WantedResidency());
+          Done(op.id, s.ok(), s.ok() ? "" : s.message());
+        }
         finished = true;
         break;
       case OpKind::kPause:
@@ -314,14 +318,30 @@ bool Engine::Quiesce(ControlOp& op) {
     if (pool_.num_referenced() > 0) return false;  // transfers still hold blocks
     KV_CHECK(pool_.Reset());
     memory_->OnReset();
+    model_->ForgetAll();
     resetting_ = false;
-    if (op.kind == OpKind::kUpdateWeights) weights_ = op.version;
+    if (op.kind == OpKind::kUpdateWeights) {
+      op.previous_version = weights_;
+      weights_ = op.version;
+    }
     if (op.kind == OpKind::kSleep && op.level >= 2) weights_loaded_ = false;
     kv_discarded_ = op.kind == OpKind::kSleep || op.kind == OpKind::kReleaseKv;
     FinishOp(op);
     return true;
   }
   return false;
+}
+
+// What the model must hold in the state the engine is in: the KV context
+// unless asleep at level >= 1 or released, the weights unless asleep at
+// level 2 (and not updated since).
+Residency Engine::WantedResidency() const {
+  Residency want;
+  want.kv = !(state_ == EngineState::kKvReleased ||
+              (state_ == EngineState::kSleeping && sleep_level_ >= 1));
+  want.weights = weights_loaded_;
+  want.weights_version = weights_;
+  return want;
 }
 
 void Engine::FinishOp(ControlOp& op) {
@@ -331,14 +351,26 @@ void Engine::FinishOp(ControlOp& op) {
     case OpKind::kPause:
       if (state_ == EngineState::kActive) state_ = EngineState::kPaused;
       break;
-    case OpKind::kSleep: state_ = EngineState::kSleeping; break;
+    case OpKind::kSleep:
+      state_ = EngineState::kSleeping;
+      sleep_level_ = op.level;
+      break;
     case OpKind::kReleaseKv: state_ = EngineState::kKvReleased; break;
     // New weights are loaded; a paused, sleeping or released engine stays
     // so until resume / wake_up.
     case OpKind::kUpdateWeights: weights_loaded_ = true; break;
     default: break;
   }
-  Done(op.id, true);
+  const Residency want = WantedResidency();
+  const Status s = model_->Reside(want);
+  if (!s.ok() && op.kind == OpKind::kUpdateWeights && op.previous_version != 0) {
+    // The new weights did not load: the old ones serve on, and the
+    // operation says why. The cache was reset all the same.
+    weights_ = op.previous_version;
+    const Status back = model_->Reside(WantedResidency());
+    KV_CHECK(back.ok());
+  }
+  Done(op.id, s.ok(), s.ok() ? "" : s.message());
 }
 
 }  // namespace kvrelay::engine

@@ -27,10 +27,13 @@ Duration Engine::Step(std::span<const RankReport> reports, Instant now) {
   return options_.step_base + options_.step_per_token * tokens;
 }
 
+// Plans the step (admission, then each running request's chunk or
+// token, oldest first), then runs it as one batch on the model.
 uint32_t Engine::Schedule() {
   if (!SchedulingAllowed()) return 0;
   uint32_t budget = options_.max_batch_tokens;
   AdmitWaiting();
+  plan_.clear();
   // Oldest first; a request preempted meanwhile is skipped.
   std::vector<uint64_t> order = running_;
   for (uint64_t client : order) {
@@ -39,6 +42,7 @@ uint32_t Engine::Schedule() {
     if (it == requests_.end() || it->second.phase != Phase::kRunning) continue;
     AdvanceRunning(it->second, &budget);
   }
+  RunPlanned();
   return options_.max_batch_tokens - budget;
 }
 
@@ -116,9 +120,10 @@ void Engine::AllocateRun(Request& r, uint32_t n, TransferId owner) {
             [](const BlockId& a, const BlockId& b) { return a.index < b.index; });
 }
 
-// Computes the next chunk of `r` (prefill) or its next token (decode).
+// Plans the next chunk of `r` (prefill) and its next token (decode).
 bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
   const uint32_t len = static_cast<uint32_t>(r.seq.size());
+  Planned p{r.client, r.computed, r.computed, false, false};
   if (r.computed < len) {
     const uint32_t chunk = std::min(len - r.computed, *budget);
     if (chunk == 0) return false;
@@ -131,17 +136,51 @@ bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
         return false;
       }
     }
-    WriteKv(r, r.computed + chunk);
+    p.to = r.computed + chunk;
     *budget -= chunk;
   }
-  if (r.computed < len) return true;  // prefill continues next step
-  const Token t = NextTokenOf(r);
-  dirty_ = true;  // a token is progress even when no KV had to be computed
-  actions_.push_back(TokenOut{r.client, t, weights_});
-  r.seq.push_back(t);
-  ++r.generated;
-  if (r.generated >= r.max_tokens) Finish(r, FinishReason::kLength);
+  p.emits = p.to == len;  // prefill done: a token this step
+  p.wants_token = p.emits && !CarriedTokenDue(r);
+  plan_.push_back(p);
   return true;
+}
+
+// Runs the plan as one batch on the model, then applies it in plan order:
+// KV computed, complete blocks offered to the prefix cache, tokens out.
+void Engine::RunPlanned() {
+  if (plan_.empty()) return;
+  batch_.clear();
+  size_t wants = 0;
+  for (const Planned& p : plan_) {
+    const Request& r = requests_.at(p.client);
+    KV_CHECK(r.phase == Phase::kRunning && r.computed == p.from);
+    batch_.push_back(SeqWork{r.id.index, r.seq, r.blocks, p.from, p.to, p.wants_token,
+                             r.sampling});
+    wants += p.wants_token ? 1 : 0;
+  }
+  batch_out_.resize(wants);
+  model_->Run(batch_, weights_, batch_out_);
+  size_t next = 0;
+  for (const Planned& p : plan_) {
+    Request& r = requests_.at(p.client);
+    CacheBlocks(r, p.from, p.to);
+    r.computed = p.to;
+    if (!p.emits) continue;
+    Token t = kNoFirstToken;
+    if (p.wants_token) {
+      t = batch_out_[next++];
+    } else {
+      ++stats_.producer_tokens;
+      t = r.producer_token;
+    }
+    r.producer_token = kNoFirstToken;
+    dirty_ = true;  // a token is progress even when no KV had to be computed
+    actions_.push_back(TokenOut{r.client, t, weights_});
+    r.seq.push_back(t);
+    ++r.generated;
+    if (r.generated >= r.max_tokens) Finish(r, FinishReason::kLength);
+  }
+  plan_.clear();
 }
 
 bool Engine::EnsureBlocks(Request& r, uint32_t tokens) {
@@ -155,47 +194,23 @@ bool Engine::EnsureBlocks(Request& r, uint32_t tokens) {
   return true;
 }
 
-// Writes the KV of tokens [computed, upto) — rewriting the partial block it
-// extends — and offers completed blocks to the prefix cache.
-void Engine::WriteKv(Request& r, uint32_t upto) {
+// Offers the blocks that tokens [from, to) completed to the prefix cache.
+void Engine::CacheBlocks(Request& r, uint32_t from, uint32_t to) {
+  if (!options_.prefix_caching) return;
   const uint32_t bs = options_.shape.block_tokens;
-  const std::span<const Token> prefix(r.seq.data(), upto);
-  for (uint32_t b = r.computed / bs; b * bs < upto; ++b) {
-    for (uint32_t g = 0; g < kHeadGroups; ++g) {
-      memory_->Write(r.blocks[b], g, BlockDigest(weights_, prefix, bs, b, g));
-    }
-    if (options_.prefix_caching && (b + 1) * bs <= upto) {
-      pool_.Cache(r.blocks[b],
-                  PrefixHash(weights_, std::span<const Token>(r.seq.data(), (b + 1) * bs)));
-    }
+  for (uint32_t b = from / bs; (b + 1) * bs <= to; ++b) {
+    pool_.Cache(r.blocks[b],
+                PrefixHash(weights_, std::span<const Token>(r.seq.data(), (b + 1) * bs)));
   }
-  r.computed = upto;
 }
 
 // D's first token after a load is the one P computed from the same KV, if
 // P handed it over: no step on the loaded KV for it. The token after it
-// reads all of that KV (Generate), so KV that landed wrong still shows in
-// the output. A request that wants one token only reads it now, as P did.
-Token Engine::NextTokenOf(Request& r) {
-  const Token carried = r.producer_token;
-  r.producer_token = kNoFirstToken;
-  if (options_.producer_first_token && carried != kNoFirstToken && r.generated == 0 &&
-      r.max_tokens > 1) {
-    ++stats_.producer_tokens;
-    return carried;
-  }
-  return Generate(r);
-}
-
-// The next token from the KV actually present in the request's blocks.
-Token Engine::Generate(Request& r) {
-  const uint32_t len = static_cast<uint32_t>(r.seq.size());
-  const uint32_t n = BlocksFor(len, options_.shape.block_tokens);
-  read_scratch_.resize(size_t{n} * kHeadGroups);
-  memory_->ReadBlocks(std::span<const BlockId>(r.blocks.data(), n), read_scratch_);
-  uint64_t folded = 0;
-  for (const uint64_t digest : read_scratch_) folded = FoldDigest(folded, digest);
-  return NextToken(weights_, folded, len, options_.shape.vocab);
+// reads all of that KV, so KV that landed wrong still shows in the output.
+// A request that wants one token only reads it now, as P did.
+bool Engine::CarriedTokenDue(const Request& r) const {
+  return options_.producer_first_token && r.producer_token != kNoFirstToken &&
+         r.generated == 0 && r.max_tokens > 1;
 }
 
 // Preempts the newest running request if it is newer than `self`; false

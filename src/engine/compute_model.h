@@ -1,0 +1,86 @@
+// compute_model.h — ComputeModel: the model behind the engine, as the
+// engine's scheduler sees it.
+//
+// Why an interface: the scheduler, block pool, connector and every
+// lifecycle rule are one piece of code (engine.h); what computes KV and
+// tokens is not. Two implementations: EmulatedModel (emulated_model.h; pure,
+// every token checkable, the simulator's and the default) and llama.cpp
+// (src/llama/, outside the pure layers: it computes on threads).
+//
+// The contract. The engine owns the sequences: which tokens each has, how
+// many have KV (`computed`), its blocks. Each step it hands the model one
+// batch: per sequence, compute KV for tokens [from, to) — the sequence's
+// KV for [0, from) is there from earlier batches — and, if `wants_token`,
+// the next token after position to-1 (then to == tokens.size()). The model
+// answers every entry that wants a token, in order. Between batches the
+// engine tells the model which sequences lost their KV (Forget: preempted,
+// finished, aborted; the key may come back later with from == 0) and what
+// must be resident (Reside: lifecycle).
+//
+// Keys are the engine's request slots (RequestId.index): unique among live
+// sequences, reused only after Forget.
+//
+// Ownership and threading: the engine holds a pointer; the driver owns the
+// model and keeps it alive as long as the engine. One thread: the engine's.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "base/status.h"
+#include "core/block_id.h"
+#include "engine/model.h"
+
+namespace kvrelay::engine {
+
+// Sampling of one request. temperature 0: greedy (ties to the lower id).
+// Otherwise the token at position p is drawn from softmax(logits / T) with
+// a generator seeded from (seed, p) alone, so a request's tokens do not
+// depend on what else shares its batches. The emulated model ignores it.
+struct Sampling {
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+};
+
+struct SeqWork {
+  uint64_t key = 0;                  // the engine's request slot
+  std::span<const Token> tokens;     // the whole sequence: prompt, then output
+  std::span<const BlockId> blocks;   // its blocks (the emulated model's KV)
+  uint32_t from = 0, to = 0;         // compute KV for tokens [from, to)
+  bool wants_token = false;          // then also the token after to-1
+  Sampling sampling;
+};
+
+// What the engine's lifecycle wants resident (sleep, release, wake, new
+// weights). A model makes it so before the next Run.
+struct Residency {
+  bool kv = true;        // the KV context (sleep >= 1 and release free it)
+  bool weights = true;   // the weights (sleep 2 frees them)
+  uint64_t weights_version = 1;
+};
+
+class ComputeModel {
+ public:
+  virtual ~ComputeModel() = default;
+  // One step's batch. out.size() = the entries with wants_token; out[i] is
+  // the i-th such entry's token. REQUIRES: Reside'd with kv and weights.
+  virtual void Run(std::span<const SeqWork> batch, uint64_t weights_version,
+                   std::span<Token> out) = 0;
+  // The sequence's KV is gone; the key is free.
+  virtual void Forget(uint64_t key) = 0;
+  // Every sequence's KV is gone (the pool was reset).
+  virtual void ForgetAll() = 0;
+  // Make `want` resident. An error (a weights file that does not load)
+  // leaves the model as it was; the engine reports it on the operation.
+  virtual Status Reside(const Residency& want) = 0;
+  // True if KV blocks can be shared between sequences (the engine's
+  // prefix cache). llama.cpp keeps each sequence's KV in its own cells.
+  virtual bool SharesBlocks() const = 0;
+  // The vocabulary: token ids are below it.
+  virtual uint32_t vocab() const = 0;
+  // What it is, for logs and /v1/models ("emulated tiny", a GGUF's name).
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace kvrelay::engine
