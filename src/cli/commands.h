@@ -26,6 +26,7 @@ int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& cont
 void RegisterDemo(CLI::App& app);
 void RegisterMatrix(CLI::App& app);
 void RegisterChaos(CLI::App& app);
+void RegisterMakeModel(CLI::App& app);
 
 // The process exit code chosen by the subcommand that ran (0 by default).
 int ExitCode();

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvrelay::cli::RegisterDemo(app);
   kvrelay::cli::RegisterMatrix(app);
   kvrelay::cli::RegisterChaos(app);
+  kvrelay::cli::RegisterMakeModel(app);
   CLI11_PARSE(app, argc, argv);
   return kvrelay::cli::ExitCode();
 }

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/http_flags.h"
+#include "cli/llama_serving.h"
 #include "os/clock.h"
 #include "os/os_random.h"
 #include "runtime/auth_token.h"
@@ -70,6 +71,7 @@ struct ServeCliOptions {
   bool compute_first_token = false;
   net::WriteFaultOptions write_faults;  // fault drills (`kvrelay chaos`)
   std::string auth_token_file;
+  LlamaServeFlags llama;
 };
 
 int RunServe(const ServeCliOptions& o) {
@@ -120,9 +122,15 @@ int RunServe(const ServeCliOptions& o) {
     return 2;
   }
   eo.incarnation = kvrelay::NewIncarnation();
-  eo.num_blocks = o.num_blocks != 0 ? o.num_blocks : (eo.shape.name == "tiny" ? 4096 : 512);
-  eo.max_batch_tokens =
-      o.max_batch_tokens != 0 ? o.max_batch_tokens : (eo.shape.name == "tiny" ? 2048 : 8192);
+  const bool llama = o.llama.engine == "llama";
+  // llama.cpp: 256 blocks of 16 tokens = a 4,096-token KV context; a batch
+  // of 512 tokens (its usual one).
+  eo.num_blocks = o.num_blocks != 0 ? o.num_blocks
+                  : llama           ? 256
+                                    : (eo.shape.name == "tiny" ? 4096 : 512);
+  eo.max_batch_tokens = o.max_batch_tokens != 0 ? o.max_batch_tokens
+                        : llama                 ? 512
+                                                : (eo.shape.name == "tiny" ? 2048 : 8192);
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;
   eo.prefix_caching = !o.no_prefix_caching;
@@ -195,6 +203,11 @@ int RunServe(const ServeCliOptions& o) {
   }
   so.max_prompt_tokens = o.max_prompt_tokens;
   so.max_requests_per_client = o.max_requests_per_client;
+  std::unique_ptr<llama::LlamaModel> llama_model;  // outlives the server
+  if (Status s = SetUpLlamaEngine(o.llama, &so, &llama_model); !s.ok()) {
+    std::fprintf(stderr, "kvrelay serve: %s\n", s.message().c_str());
+    return 2;
+  }
 
   // Signals are taken by a thread that waits for them, not a handler.
   sigset_t set;
@@ -210,9 +223,11 @@ int RunServe(const ServeCliOptions& o) {
     return 1;
   }
   std::fprintf(stderr,
-               "kvrelay serve: %s engine %u (incarnation %u), tp %u, shape %s, %u blocks, "
+               "kvrelay serve: %s engine %u (incarnation %u), tp %u, %s, %u blocks, "
                "transport %s, http %s:%u, control %s:%u+rank\n",
-               o.role.c_str(), eo.engine_id, eo.incarnation, eo.tp, eo.shape.name.c_str(),
+               o.role.c_str(), eo.engine_id, eo.incarnation, eo.tp,
+               llama_model ? llama_model->Describe().c_str()
+                           : ("shape " + eo.shape.name).c_str(),
                eo.num_blocks, net::TransportName(no.transport), o.host.c_str(),
                (*server)->port(), no.advertise_host.c_str(), no.ctrl_port);
   std::fflush(stderr);
@@ -234,7 +249,9 @@ void RegisterServe(CLI::App& app) {
       "control channel and data plane");
   cmd->add_option("--role", o->role, "prefill | decode | both | plain")->capture_default_str();
   cmd->add_option("--tp", o->tp, "tensor-parallel ranks (1, 2 or 4)")->capture_default_str();
-  cmd->add_option("--model-shape", o->shape, "tiny | small | 8b")->capture_default_str();
+  cmd->add_option("--model-shape", o->shape, "tiny | small | 8b (--engine emulated)")
+      ->capture_default_str();
+  AddLlamaServeFlags(cmd, &o->llama);
   cmd->add_option("--transport", o->transport, "data plane: shm | tcp | ucx")
       ->capture_default_str();
   cmd->add_option("--host", o->host, "address to listen on (HTTP, control, tcp data)")

@@ -10,8 +10,8 @@
 namespace kvrelay::runtime {
 
 EngineActor::EngineActor(const engine::EngineOptions& options, engine::KvMemory* memory,
-                         size_t inbox_capacity)
-    : engine_(std::make_unique<engine::Engine>(options, memory)),
+                         engine::ComputeModel* model, size_t inbox_capacity)
+    : engine_(std::make_unique<engine::Engine>(options, memory, model)),
       inbox_(inbox_capacity),
       reports_(options.tp),
       tp_(options.tp) {}

@@ -48,8 +48,10 @@ class EngineActor {
  public:
   using MetadataSink = std::function<void(const ConnectorMetadata&)>;
 
+  // `model`: what computes (engine/compute_model.h); null: the emulated
+  // model. Owned by the caller; outlives the actor.
   EngineActor(const engine::EngineOptions& options, engine::KvMemory* memory,
-              size_t inbox_capacity = 65536);
+              engine::ComputeModel* model = nullptr, size_t inbox_capacity = 65536);
   ~EngineActor();
   EngineActor(const EngineActor&) = delete;
   EngineActor& operator=(const EngineActor&) = delete;

@@ -89,7 +89,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   node->memory_ = std::make_unique<engine::RankedKvMemory>(eo.shape, eo.num_blocks, spans);
   node->parallel_memory_ =
       std::make_unique<ParallelKvMemory>(node->memory_.get(), options.kv_read_threads);
-  node->engine_ = std::make_unique<EngineActor>(eo, node->parallel_memory_.get());
+  node->engine_ = std::make_unique<EngineActor>(eo, node->parallel_memory_.get(), options.model);
   node->engine_->SetBusySteps(options.busy_steps);
   if (node->transfers()) {
     for (uint32_t r = 0; r < eo.tp; ++r) {

@@ -31,6 +31,9 @@ namespace kvrelay::runtime {
 
 struct NodeOptions {
   engine::EngineOptions engine;            // role, tp, shape, blocks, ids, step times
+  // What computes (engine/compute_model.h): null, the emulated model; else
+  // the caller's (a llama.cpp model), which outlives the node.
+  engine::ComputeModel* model = nullptr;
   net::TransportKind transport = net::TransportKind::kShm;
   net::TransportOptions transport_options;
   std::string listen_host = "127.0.0.1";   // control channel bind address

@@ -10,7 +10,7 @@
 
 #include "base/transfer_id.h"
 #include "server/json_body.h"
-#include "server/tokenizer.h"
+#include "server/text_codec.h"
 
 namespace kvrelay::server {
 namespace {
@@ -202,13 +202,10 @@ Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
 // The fields OpenAI clients send that this server ignores: checked for type
 // only, or for the one value it can honour.
 Status CheckIgnoredFields(const json& doc) {
-  for (const char* key : {"temperature", "top_p", "presence_penalty", "frequency_penalty"}) {
+  for (const char* key : {"top_p", "presence_penalty", "frequency_penalty"}) {
     if (const json* v = Field(doc, key); v != nullptr && !v->is_number()) {
       return TypeError(key, "a number", *v);
     }
-  }
-  if (const json* v = Field(doc, "seed"); v != nullptr && !v->is_number_integer()) {
-    return TypeError("seed", "an integer", *v);
   }
   if (const json* v = Field(doc, "user"); v != nullptr && !v->is_string()) {
     return TypeError("user", "a string", *v);
@@ -245,9 +242,11 @@ Status ParsePrompt(const json& doc, const ParseLimits& limits, CompletionRequest
   const json* p = Field(doc, "prompt");
   if (p == nullptr) return InvalidArgumentError("prompt is required");
   if (p->is_string()) {
-    req->prompt = Tokenize(p->get_ref<const std::string&>(), limits.vocab);
+    req->prompt = EncodeText(limits.codec, p->get_ref<const std::string&>(), limits.vocab);
     if (req->prompt.empty()) {
-      return InvalidArgumentError("prompt is empty (it has no words between whitespace)");
+      return InvalidArgumentError(limits.codec == nullptr
+                                      ? "prompt is empty (it has no words between whitespace)"
+                                      : "prompt is empty (the model's tokenizer gives no tokens)");
     }
   } else if (p->is_array()) {
     if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
@@ -287,6 +286,24 @@ Status ParsePrompt(const json& doc, const ParseLimits& limits, CompletionRequest
     return OutOfRangeError("prompt has " + std::to_string(n) + " tokens; the model's context of " +
                            std::to_string(limits.max_context) +
                            " tokens leaves no room for output");
+  }
+  return Status::Ok();
+}
+
+// temperature (OpenAI's range, 0 to 2; 0 is greedy) and seed (any integer;
+// its 64 bits seed the draws). The emulated model ignores both.
+Status ParseSampling(const json& doc, CompletionRequest* req) {
+  if (const json* t = Field(doc, "temperature")) {
+    if (!t->is_number()) return TypeError("temperature", "a number", *t);
+    const double v = t->get<double>();
+    if (!(v >= 0.0 && v <= 2.0)) {
+      return OutOfRangeError("temperature is " + t->dump() + "; it must be in [0, 2]");
+    }
+    req->sampling.temperature = static_cast<float>(v);
+  }
+  if (const json* s = Field(doc, "seed")) {
+    if (!s->is_number_integer()) return TypeError("seed", "an integer", *s);
+    req->sampling.seed = static_cast<uint64_t>(IntegerValue(*s));
   }
   return Status::Ok();
 }
@@ -338,6 +355,7 @@ Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest
     req->request_id = id;
   }
   RETURN_IF_ERROR_(CheckIgnoredFields(doc));
+  RETURN_IF_ERROR_(ParseSampling(doc, req));
 
   if (auto it = doc.find("kv_transfer_params"); it != doc.end() && !it->is_null()) {
     if (!it->is_object()) return TypeError("kv_transfer_params", "an object or null", *it);

@@ -26,7 +26,9 @@
 #include "base/result.h"
 #include "base/status.h"
 #include "core/connector_scheduler.h"
+#include "engine/compute_model.h"
 #include "engine/model.h"
+#include "server/text_codec.h"
 
 namespace kvrelay::server {
 
@@ -37,6 +39,9 @@ struct ParseLimits {
   uint32_t max_context = 4096;       // prompt + max_tokens <= this
   size_t max_body_bytes = 1 << 20;
   uint32_t max_prompt_tokens = 4095;
+  // Text ↔ ids (text_codec.h); null: the toy tokenizer over `vocab`. Not
+  // owned: the server's, alive as long as the limits are used.
+  const TextCodec* codec = nullptr;
 };
 
 // Limits for serving `shape`: its name, vocab and context; prompts up to
@@ -52,6 +57,9 @@ struct CompletionRequest {
   std::vector<engine::Token> prompt;  // non-empty; every id < vocab
   uint32_t max_tokens = kDefaultMaxTokens;  // >= 1; prompt + max_tokens <= context
   bool stream = false;
+  // temperature (default 1, as OpenAI's) and seed (default 0): the draws
+  // of a llama.cpp engine (engine/sampling.h).
+  engine::Sampling sampling{1.0f, 0};
   // stream_options.include_usage: a stream ends with a usage chunk.
   bool include_usage = false;
   // True iff kv_transfer_params asked for a transfer (do_remote_decode or

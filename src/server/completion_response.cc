@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
-#include "server/tokenizer.h"
+#include "server/text_codec.h"
 
 namespace kvrelay::server {
 namespace {
@@ -15,11 +15,11 @@ std::string Dump(const Json& j) {
 }
 
 Json Choice(std::span<const engine::Token> tokens, std::span<const uint64_t> versions,
-            std::optional<engine::FinishReason> finish) {
+            std::optional<engine::FinishReason> finish, const TextCodec* codec) {
   KV_CHECK_EQ(tokens.size(), versions.size());
   Json c;
   c["index"] = 0;
-  c["text"] = Detokenize(tokens);
+  c["text"] = DecodeText(codec, tokens);
   c["token_ids"] = Json::array();
   for (engine::Token t : tokens) c["token_ids"].push_back(t);
   c["weights_versions"] = Json::array();
@@ -55,7 +55,7 @@ std::string_view FinishReasonName(engine::FinishReason reason) {
 
 std::string CompletionJson(const CompletionResult& r) {
   Json j = Head(r.id, r.model, r.created_s);
-  j["choices"] = Json::array({Choice(r.tokens, r.weights_versions, r.finish_reason)});
+  j["choices"] = Json::array({Choice(r.tokens, r.weights_versions, r.finish_reason, r.codec)});
   const uint64_t completion = r.tokens.size();
   j["usage"] = {{"prompt_tokens", r.prompt_tokens},
                 {"completion_tokens", completion},
@@ -79,9 +79,10 @@ std::string CompletionJson(const CompletionResult& r) {
 std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t created_s,
                             std::span<const engine::Token> tokens,
                             std::span<const uint64_t> weights_versions,
-                            std::optional<engine::FinishReason> finish_reason) {
+                            std::optional<engine::FinishReason> finish_reason,
+                            const TextCodec* codec) {
   Json j = Head(id, model, created_s);
-  j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason)});
+  j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason, codec)});
   return Dump(j);
 }
 

@@ -23,6 +23,7 @@
 #include "base/transfer_id.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "server/text_codec.h"
 
 namespace kvrelay::server {
 
@@ -46,6 +47,7 @@ struct CompletionResult {
   engine::FinishReason finish_reason = engine::FinishReason::kLength;
   std::string error;               // written only when finish_reason is kError
   std::optional<KvTransferOut> kv_transfer_params;
+  const TextCodec* codec = nullptr;  // "text" from the ids; null: the toy one's
 };
 
 // "length", "abort" or "error".
@@ -62,7 +64,8 @@ std::string CompletionJson(const CompletionResult& result);
 std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t created_s,
                             std::span<const engine::Token> tokens,
                             std::span<const uint64_t> weights_versions,
-                            std::optional<engine::FinishReason> finish_reason);
+                            std::optional<engine::FinishReason> finish_reason,
+                            const TextCodec* codec = nullptr);
 
 // The chunk after the last choice chunk when the request set
 // stream_options.include_usage (OpenAI's shape): "choices": [] and usage.

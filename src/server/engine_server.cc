@@ -167,6 +167,7 @@ Result<std::unique_ptr<EngineServer>> EngineServer::Start(const ServerOptions& o
   }
   impl->limits = ParseLimitsFor(options.node.engine.shape, options.http.limits.max_body_bytes);
   impl->limits.model_name = impl->options.model_name;
+  impl->limits.codec = options.codec.get();
   if (options.max_prompt_tokens != 0) {
     impl->limits.max_prompt_tokens =
         std::min(impl->limits.max_prompt_tokens, options.max_prompt_tokens);
@@ -343,6 +344,7 @@ void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<ht
   spec.client = engine().NewClientId();
   spec.prompt = cr.prompt;
   spec.max_tokens = cr.max_tokens;
+  spec.sampling = cr.sampling;
   if (cr.has_kv) spec.kv = cr.kv;
   auto p = std::make_shared<Pending>();
   p->exchange = ex;
@@ -441,13 +443,15 @@ void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
       }
       if (failed) {
         if (!toks.empty()) {
-          out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, std::nullopt));
+          out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, std::nullopt,
+                                          limits.codec));
         }
         out += SseEvent(ErrorJson(error, "server_error", 503));
       } else if (done || !toks.empty()) {
         std::optional<engine::FinishReason> finish;
         if (done) finish = reason;
-        out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish));
+        out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish,
+                                        limits.codec));
       }
       if (done && p->include_usage) {
         out += SseEvent(StreamUsageJson(p->id, p->model, p->created_s, p->prompt_tokens,
@@ -470,6 +474,7 @@ void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
       r.weights_versions = p->versions;
       r.finish_reason = reason;
       r.kv_transfer_params = p->kv_out;
+      r.codec = limits.codec;
       SendJson(ex, CompletionJson(r));
     }
   }

@@ -33,12 +33,16 @@
 #include "base/result.h"
 #include "http/http_server.h"
 #include "runtime/node.h"
+#include "server/text_codec.h"
 
 namespace kvrelay::server {
 
 struct ServerOptions {
   runtime::NodeOptions node;
   std::string model_name;                 // default "kvrelay-<shape>"
+  // Text ↔ ids of the served model (text_codec.h); null: the emulated
+  // model's toy tokenizer.
+  std::shared_ptr<const TextCodec> codec;
   uint32_t max_prompt_tokens = 0;         // 0: the model's context - 1; longer get 400
   // POST /v1/completions at once per remote address (429 past it); 0: no
   // limit. The default leaves room for a router's max_inflight, both legs.

@@ -1,0 +1,114 @@
+// llama_serving.cc — `serve --engine llama`: flags to a llama.cpp model.
+#include "cli/llama_serving.h"
+
+#include <algorithm>
+#include <charconv>
+
+namespace kvrelay::cli {
+namespace {
+
+constexpr uint32_t kLlamaBlockTokens = 16;
+
+// The model's own vocabulary as the server's text codec.
+class LlamaCodec final : public server::TextCodec {
+ public:
+  explicit LlamaCodec(std::unique_ptr<llama::LlamaTokenizer> t) : t_(std::move(t)) {}
+  std::vector<engine::Token> Encode(std::string_view text) const override {
+    return t_->Encode(text);
+  }
+  std::string Decode(std::span<const engine::Token> tokens) const override {
+    return t_->Decode(tokens);
+  }
+
+ private:
+  std::unique_ptr<llama::LlamaTokenizer> t_;
+};
+
+Status ParseVersions(const std::vector<std::string>& specs,
+                     std::map<uint64_t, std::string>* out) {
+  for (const std::string& s : specs) {
+    const size_t eq = s.find('=');
+    uint64_t v = 0;
+    const char* end = s.data() + (eq == std::string::npos ? 0 : eq);
+    if (eq == std::string::npos || eq + 1 == s.size() ||
+        std::from_chars(s.data(), end, v).ptr != end || v == 0) {
+      return InvalidArgumentError("--weights-version takes VERSION=FILE.gguf (VERSION >= 1), not '" +
+                                  s + "'");
+    }
+    if (!out->emplace(v, s.substr(eq + 1)).second) {
+      return InvalidArgumentError("--weights-version " + std::to_string(v) + " given twice");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddLlamaServeFlags(CLI::App* cmd, LlamaServeFlags* f) {
+  cmd->add_option("--engine", f->engine,
+                  "emulated (the checkable emulated model) | llama (a GGUF model through "
+                  "llama.cpp; needs --model)")
+      ->capture_default_str();
+  cmd->add_option("--model", f->model,
+                  "--engine llama: the GGUF file to serve (weights version 1); "
+                  "`kvrelay make-model` writes one");
+  cmd->add_option("--threads", f->threads, "--engine llama: llama.cpp's compute threads")
+      ->capture_default_str();
+  cmd->add_option("--weights-version", f->weights_versions,
+                  "--engine llama: VERSION=FILE.gguf, the file update_weights loads for "
+                  "that version (repeatable; version 1 is --model)");
+}
+
+Status SetUpLlamaEngine(const LlamaServeFlags& f, server::ServerOptions* so,
+                        std::unique_ptr<llama::LlamaModel>* model) {
+  if (f.engine == "emulated") {
+    if (!f.model.empty() || !f.weights_versions.empty()) {
+      return InvalidArgumentError("--model and --weights-version need --engine llama");
+    }
+    return Status::Ok();
+  }
+  if (f.engine != "llama") {
+    return InvalidArgumentError("--engine must be emulated or llama, not '" + f.engine + "'");
+  }
+  if (std::string why = llama::Unavailable(); !why.empty()) return UnavailableError(why);
+  if (f.model.empty()) return InvalidArgumentError("--engine llama needs --model FILE.gguf");
+  engine::EngineOptions& eo = so->node.engine;
+  if (eo.role != engine::Role::kPlain) {
+    return InvalidArgumentError(
+        "--engine llama serves --role plain: handing llama.cpp KV between engines is not built "
+        "yet");
+  }
+  if (eo.tp != 1) return InvalidArgumentError("--engine llama runs with --tp 1");
+  llama::LlamaModelOptions lo;
+  lo.model_path = f.model;
+  if (Status s = ParseVersions(f.weights_versions, &lo.versions); !s.ok()) return s;
+  lo.threads = f.threads;
+  lo.context_tokens = eo.num_blocks * kLlamaBlockTokens;
+  lo.max_sequences = eo.max_running;
+  lo.batch_tokens = eo.max_batch_tokens;
+  Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(f.model);
+  if (!tok.ok()) return tok.status();
+  Result<std::unique_ptr<llama::LlamaModel>> m = llama::LlamaModel::Open(lo);
+  if (!m.ok()) return m.status();
+  const llama::ModelInfo& info = (*m)->info();
+  engine::ModelShape& shape = eo.shape;
+  shape.name = info.name;
+  shape.layers = std::max(info.layers, 1u);
+  shape.kv_heads = engine::kHeadGroups;  // the transfer layout's groups
+  shape.head_dim = 8;
+  shape.dtype_bytes = 2;
+  shape.block_tokens = kLlamaBlockTokens;
+  shape.vocab = info.vocab;
+  shape.max_context = std::min(lo.context_tokens, info.context_train > 0 ? info.context_train
+                                                                          : lo.context_tokens);
+  eo.prefix_caching = false;   // llama.cpp's sequences share no KV
+  eo.step_base = Duration::Zero();   // the compute is real: llama_decode
+  eo.step_per_token = Duration::Zero();
+  if (so->model_name.empty()) so->model_name = info.name;
+  so->codec = std::make_shared<LlamaCodec>(std::move(*tok));
+  *model = std::move(*m);
+  so->node.model = model->get();
+  return Status::Ok();
+}
+
+}  // namespace kvrelay::cli

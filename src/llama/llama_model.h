@@ -1,0 +1,86 @@
+// llama_model.h — LlamaModel: a llama.cpp model behind the engine's
+// ComputeModel seam (engine/compute_model.h), and LlamaTokenizer, its
+// vocabulary for the HTTP threads.
+//
+// Why: the engine's scheduler, pool, connector and lifecycle rules are the
+// emulated engine's, unchanged; only the compute differs. Each engine step
+// is one llama_decode over the scheduled sequences (prefill chunks and
+// decode tokens together). Every live request is a llama.cpp sequence in
+// one unified KV cache of num_blocks × block_tokens cells, so the engine's
+// block accounting is what keeps llama.cpp's cache from filling: a step the
+// pool admitted always finds its cells. Preemption and the end of a request
+// remove the sequence's cells (llama_memory_seq_rm); a pool reset clears the
+// cache. There is no prefix cache: a sequence's KV lives in its own cells
+// (SharesBlocks() is false; the engine runs with prefix caching off).
+//
+// Lifecycle: Reside() frees the KV context (sleep 1, release), also the
+// weights (sleep 2), and loads them back (wake_up) or loads another GGUF
+// (update_weights: version 1 is --model, others come from `versions`).
+//
+// This header does not include llama.h: without llama.cpp the build keeps
+// llama_missing.cc, whose Open() says why the engine is unavailable.
+//
+// Ownership and threading: the driver owns the model and keeps it alive as
+// long as the engine; every call on the engine's thread. llama.cpp computes
+// on `threads` threads of its own inside Run(). LlamaTokenizer is immutable
+// and safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+#include "engine/compute_model.h"
+
+namespace kvrelay::llama {
+
+// "" when the llama.cpp engine is built in; else why not, for the user.
+std::string Unavailable();
+
+struct LlamaModelOptions {
+  std::string model_path;                    // weights version 1
+  std::map<uint64_t, std::string> versions;  // update_weights version → GGUF
+  uint32_t threads = 2;                      // llama.cpp's compute threads
+  uint32_t context_tokens = 4096;            // KV cells: num_blocks × block_tokens
+  uint32_t max_sequences = 32;               // the engine's max_running (≤ 256)
+  uint32_t batch_tokens = 512;               // the engine's max_batch_tokens
+};
+
+// What a GGUF file holds, as the server and the logs tell it.
+struct ModelInfo {
+  std::string name;          // general.name, else the file's stem
+  std::string path;
+  uint64_t file_bytes = 0;
+  uint32_t vocab = 0;
+  uint32_t layers = 0, embd = 0, heads = 0, kv_heads = 0;
+  uint32_t context_train = 0;
+  uint64_t params = 0;
+};
+
+class LlamaModel : public engine::ComputeModel {
+ public:
+  // Loads version 1 (options.model_path) and makes its KV context.
+  // kInvalidArgument for bad options, kNotFound / kInternal for a file that
+  // does not load, kUnavailable without llama.cpp.
+  static Result<std::unique_ptr<LlamaModel>> Open(const LlamaModelOptions& options);
+  virtual const ModelInfo& info() const = 0;
+};
+
+class LlamaTokenizer {
+ public:
+  // The vocabulary of a GGUF file (its weights are not loaded).
+  static Result<std::unique_ptr<LlamaTokenizer>> Open(const std::string& path);
+  virtual ~LlamaTokenizer() = default;
+  // Text → ids, as the model's tokenizer splits it, no BOS added.
+  virtual std::vector<engine::Token> Encode(std::string_view text) const = 0;
+  // Ids → text (each token's piece, concatenated).
+  virtual std::string Decode(std::span<const engine::Token> tokens) const = 0;
+  virtual uint32_t vocab() const = 0;
+};
+
+}  // namespace kvrelay::llama

@@ -1,0 +1,40 @@
+// reference_decoder.h — ReferenceDecoder: llama.cpp decoding one prompt
+// alone, with nothing of kvrelay in the loop.
+//
+// Why: it is what a llama engine's output is checked against (tests) and
+// what its speed is measured against (bench llama): the library's own
+// plain loop — one context, one sequence, the prompt in batches of at most
+// `batch_tokens`, then one llama_decode per generated token — sampling
+// with the same SampleToken the engine uses.
+//
+// Ownership and threading: one thread; owns its model and context.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "engine/compute_model.h"
+
+namespace kvrelay::llama {
+
+struct ReferenceOptions {
+  std::string model_path;
+  uint32_t threads = 2;
+  uint32_t context_tokens = 4096;
+  uint32_t batch_tokens = 512;
+};
+
+class ReferenceDecoder {
+ public:
+  static Result<std::unique_ptr<ReferenceDecoder>> Open(const ReferenceOptions& options);
+  virtual ~ReferenceDecoder() = default;
+  // `n` tokens after `prompt` (the context is cleared first).
+  virtual std::vector<engine::Token> Generate(std::span<const engine::Token> prompt, uint32_t n,
+                                              const engine::Sampling& sampling) = 0;
+};
+
+}  // namespace kvrelay::llama
