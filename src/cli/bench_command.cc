@@ -72,6 +72,7 @@ void RegisterBench(CLI::App& app) {
   RegisterTransferBench(bench);
   RegisterTtftBench(bench);
   RegisterHttpBench(bench);
+  RegisterLlamaBench(bench);
 }
 
 void RegisterHttpBench(CLI::App* bench) {

@@ -19,6 +19,7 @@ void RegisterLoadOptions(CLI::App* bench);
 void RegisterTransferBench(CLI::App* bench);
 void RegisterTtftBench(CLI::App* bench);
 void RegisterHttpBench(CLI::App* bench);
+void RegisterLlamaBench(CLI::App* bench);
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
                   std::string* json_path);
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,

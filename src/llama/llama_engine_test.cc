@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "llama/llama_model.h"
 #include "llama/model_maker.h"
+#include "llama/no_kv_memory.h"
 #include "llama/reference_decoder.h"
 
 namespace kvrelay::llama {
@@ -26,20 +27,6 @@ constexpr uint32_t kBlockTokens = 16;
 constexpr uint32_t kBlocks = 64;          // 1,024 KV cells
 constexpr uint32_t kBatchTokens = 64;
 constexpr uint32_t kThreads = 2;
-
-// The llama engine's KV is llama.cpp's: the engine's memory only hears of
-// blocks changing hands.
-class NoKvMemory final : public engine::KvMemory {
- public:
-  void Write(BlockId, uint32_t, uint64_t) override { KV_CHECK(false); }
-  uint64_t Read(BlockId, uint32_t) const override {
-    KV_CHECK(false);
-    return 0;
-  }
-  void OnAllocate(BlockId, TransferId) override {}
-  void OnFree(BlockId) override {}
-  void OnReset() override {}
-};
 
 // Two made models (weights versions 1 and 2), made once for the suite.
 class LlamaEngineTest : public ::testing::Test {

@@ -233,6 +233,14 @@ void LlamaModelImpl::Forget(uint64_t key) {
   if (ctx_ != nullptr) llama_memory_seq_rm(llama_get_memory(ctx_), it->second, -1, -1);
   free_seqs_.push_back(it->second);
   seq_of_key_.erase(it);
+  // The last sequence gone: clear the cache, so the next one starts at
+  // cell 0. Removing a sequence frees its cells but not the span the
+  // attention walks (up to the highest cell in use, which llama.cpp keeps
+  // moving forward); a lone request would attend over its predecessors'
+  // empty cells (measured: decode at 0.70 of llama.cpp alone, 2 layers).
+  if (seq_of_key_.empty() && ctx_ != nullptr) {
+    llama_memory_clear(llama_get_memory(ctx_), /*data=*/false);
+  }
 }
 
 void LlamaModelImpl::ForgetAll() {
