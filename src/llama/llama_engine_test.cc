@@ -206,16 +206,19 @@ TEST_F(LlamaEngineTest, LifecycleUnderLoad) {
     std::function<uint64_t(Engine&)> start;
     bool needs_wake;
     uint64_t version_after;
+    bool kv_after = true, weights_after = true;  // resident before the wake
   };
   const std::vector<Call> calls = {
       {"pause abort", [](Engine& e) { return e.Pause(engine::PauseMode::kAbort, false); }, true, 1},
       {"pause wait clear", [](Engine& e) { return e.Pause(engine::PauseMode::kWait, true); }, true, 1},
       {"pause keep clear", [](Engine& e) { return e.Pause(engine::PauseMode::kKeep, true); }, true, 1},
-      {"sleep 1", [](Engine& e) { return e.Sleep(1, engine::PauseMode::kKeep); }, true, 1},
-      {"sleep 2", [](Engine& e) { return e.Sleep(2, engine::PauseMode::kAbort); }, true, 1},
+      {"sleep 1", [](Engine& e) { return e.Sleep(1, engine::PauseMode::kKeep); }, true, 1, false},
+      {"sleep 2", [](Engine& e) { return e.Sleep(2, engine::PauseMode::kAbort); }, true, 1, false,
+       false},
       {"reset_prefix_cache running",
        [](Engine& e) { return e.ResetPrefixCache(true); }, false, 1},
-      {"release_kv_cache_memory", [](Engine& e) { return e.ReleaseKvCacheMemory(); }, true, 1},
+      {"release_kv_cache_memory", [](Engine& e) { return e.ReleaseKvCacheMemory(); }, true, 1,
+       false},
       {"update_weights wait", [](Engine& e) { return e.UpdateWeights(2, engine::PauseMode::kWait); },
        false, 2},
   };
@@ -233,12 +236,17 @@ TEST_F(LlamaEngineTest, LifecycleUnderLoad) {
     const uint64_t op = call.start(*engine_);
     for (int i = 0; i < 2000 && ops_.count(op) == 0; ++i) Step();
     ASSERT_TRUE(OpOk(op)) << (ops_.count(op) ? ops_[op].detail : "no answer");
+    // Sleep 1 and release free llama.cpp's KV context; sleep 2 the weights too.
+    EXPECT_EQ(model_->Resident().kv, call.kv_after);
+    EXPECT_EQ(model_->Resident().weights, call.weights_after);
     if (call.needs_wake) {
       const uint64_t wake = engine_->state() == engine::EngineState::kPaused ? engine_->Resume()
                                                                              : engine_->WakeUp();
       for (int i = 0; i < 100 && ops_.count(wake) == 0; ++i) Step();
       ASSERT_TRUE(OpOk(wake));
     }
+    EXPECT_TRUE(model_->Resident().kv && model_->Resident().weights);
+    EXPECT_EQ(model_->Resident().weights_version, call.version_after);
     RunToIdle();
     for (auto& [c, p] : prompts) {
       ASSERT_TRUE(outs_[c].done) << "client " << c << " never ended";

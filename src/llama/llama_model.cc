@@ -71,6 +71,9 @@ class LlamaModelImpl final : public LlamaModel {
   }
 
   const ModelInfo& info() const override { return info_; }
+  engine::Residency Resident() const override {
+    return engine::Residency{ctx_ != nullptr, model_ != nullptr, loaded_version_};
+  }
   bool SharesBlocks() const override { return false; }
   uint32_t vocab() const override { return info_.vocab; }
   std::string Describe() const override {

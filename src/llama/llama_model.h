@@ -69,6 +69,8 @@ class LlamaModel : public engine::ComputeModel {
   // does not load, kUnavailable without llama.cpp.
   static Result<std::unique_ptr<LlamaModel>> Open(const LlamaModelOptions& options);
   virtual const ModelInfo& info() const = 0;
+  // What is resident now: the KV context, the weights and their version.
+  virtual engine::Residency Resident() const = 0;
 };
 
 class LlamaTokenizer {
