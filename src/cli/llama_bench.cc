@@ -45,6 +45,7 @@ struct LlamaBenchOptions {
 
 constexpr uint32_t kBlockTokens = 16;
 constexpr uint32_t kBatchTokens = 512;
+constexpr uint32_t kMaxSequences = 32;
 
 std::vector<Token> Prompt(uint64_t seed, uint32_t len, uint32_t vocab) {
   Prng prng(seed);
@@ -61,7 +62,7 @@ class EngineRunner {
     lo.model_path = model;
     lo.threads = threads;
     lo.context_tokens = context_tokens;
-    lo.max_sequences = 32;
+    lo.max_sequences = kMaxSequences;
     lo.batch_tokens = kBatchTokens;
     auto m = llama::LlamaModel::Open(lo);
     KV_CHECK_MSG(m.ok(), m.status().ToString().c_str());
@@ -74,7 +75,7 @@ class EngineRunner {
     o.shape.max_context = context_tokens;
     o.num_blocks = context_tokens / kBlockTokens;
     o.max_batch_tokens = kBatchTokens;
-    o.max_running = 32;
+    o.max_running = kMaxSequences;
     o.prefix_caching = false;
     engine_ = std::make_unique<engine::Engine>(o, &memory_, model_.get());
   }
@@ -124,42 +125,69 @@ double Median(std::vector<double> v) {
 
 // One phase's samples, per round: tokens/s of the engine, of llama.cpp's
 // loop with its default context for one sequence, and of the loop with the
-// engine's unified KV cache (what isolates kvrelay's scheduler).
+// engine's context (unified KV cache for kMaxSequences sequences): what
+// isolates kvrelay's scheduler.
 struct PhaseResult {
-  std::vector<double> engine_tps, llama_tps, unified_tps;
+  std::vector<double> engine_tps, llama_tps, same_tps;
   std::vector<double> ratios, scheduler_ratios;
   bool outputs_equal = true;
+  // Against the default loop: outputs equal token for token, outputs whose
+  // first token equals, outputs compared.
+  uint32_t exact = 0, first_exact = 0, compared = 0;
 
-  void Add(double tokens, double engine_s, double llama_s, double unified_s) {
+  void Add(double tokens, double engine_s, double llama_s, double same_s) {
     engine_tps.push_back(tokens / engine_s);
     llama_tps.push_back(tokens / llama_s);
-    unified_tps.push_back(tokens / unified_s);
+    same_tps.push_back(tokens / same_s);
     ratios.push_back(llama_s / engine_s);
-    scheduler_ratios.push_back(unified_s / engine_s);
+    scheduler_ratios.push_back(same_s / engine_s);
   }
 };
 
 void PrintPhase(std::FILE* f, const char* name, const PhaseResult& r, bool last) {
   std::fprintf(f,
                "  \"%s\": {\"engine_tokens_per_s\": %.1f, \"llama_tokens_per_s\": %.1f, "
-               "\"llama_unified_kv_tokens_per_s\": %.1f, \"ratio\": %.3f, "
-               "\"scheduler_ratio\": %.3f, \"outputs_equal\": %s}%s\n",
-               name, Median(r.engine_tps), Median(r.llama_tps), Median(r.unified_tps),
+               "\"llama_engine_context_tokens_per_s\": %.1f, \"ratio\": %.3f, "
+               "\"scheduler_ratio\": %.3f, \"outputs_equal\": %s, \"outputs\": %u, "
+               "\"exact_outputs\": %u, \"exact_first_tokens\": %u}%s\n",
+               name, Median(r.engine_tps), Median(r.llama_tps), Median(r.same_tps),
                Median(r.ratios), Median(r.scheduler_ratios), r.outputs_equal ? "true" : "false",
-               last ? "" : ",");
+               r.compared, r.exact, r.first_exact, last ? "" : ",");
 }
 
 using Ref = std::unique_ptr<llama::ReferenceDecoder>;
 
-// Seconds `ref` takes to serve `prompts` one after another; false in *equal
-// if an output differs from `expect`.
-double TimeReference(llama::ReferenceDecoder& ref, const std::vector<std::vector<Token>>& prompts,
-                     uint32_t n, const std::vector<std::vector<Token>>& expect, bool* equal) {
-  const auto t0 = Clock::now();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    *equal = (ref.Generate(prompts[i], n, {}) == expect[i]) && *equal;
+using Outputs = std::vector<std::vector<Token>>;
+
+// One phase of one round: the engine (serving `prompts` together, or one at
+// a time), the loop with its default context and the loop with the
+// engine's, each timed; the order rotates with the round. The loops'
+// outputs are compared with the engine's (counted against the default one).
+void Measure(EngineRunner& runner, Ref* refs, const Outputs& prompts, uint32_t n, bool together,
+             double tokens, uint32_t round, PhaseResult* r) {
+  Outputs outs[3];
+  double secs[3] = {0, 0, 0};
+  for (uint32_t k = 0; k < 3; ++k) {
+    const uint32_t who = (round + k) % 3;
+    const auto t0 = Clock::now();
+    if (who == 0 && together) {
+      outs[0] = runner.Serve(prompts, n);
+    } else {
+      for (const auto& p : prompts) {
+        outs[who].push_back(who == 0 ? runner.Serve({p}, n)[0]
+                                     : refs[who - 1]->Generate(p, n, {}));
+      }
+    }
+    secs[who] = SecondsSince(t0);
   }
-  return SecondsSince(t0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const bool equal = outs[1][i] == outs[0][i];
+    r->outputs_equal = r->outputs_equal && equal && outs[2][i] == outs[0][i];
+    ++r->compared;
+    r->exact += equal ? 1 : 0;
+    r->first_exact += outs[1][i][0] == outs[0][i][0] ? 1 : 0;
+  }
+  r->Add(tokens, secs[0], secs[1], secs[2]);
 }
 
 int RunLlamaBench(const LlamaBenchOptions& o) {
@@ -183,49 +211,35 @@ int RunLlamaBench(const LlamaBenchOptions& o) {
   const uint32_t context = 4096;
   EngineRunner runner(path, o.threads, context);
   Ref refs[2];
-  for (int unified = 0; unified < 2; ++unified) {
-    auto r = llama::ReferenceDecoder::Open(
-        llama::ReferenceOptions{path, o.threads, context, kBatchTokens, unified == 1});
+  for (int same = 0; same < 2; ++same) {
+    auto r = llama::ReferenceDecoder::Open(llama::ReferenceOptions{
+        path, o.threads, context, kBatchTokens, same == 1, kMaxSequences});
     if (!r.ok()) {
       std::fprintf(stderr, "kvrelay bench llama: %s\n", r.status().message().c_str());
       return 1;
     }
-    refs[unified] = std::move(*r);
+    refs[same] = std::move(*r);
   }
   const uint32_t vocab = runner.vocab();
   PhaseResult prefill, decode, batched;
   for (uint32_t round = 0; round < o.rounds; ++round) {
     // Prefill: prompts one at a time, one output token each.
-    std::vector<std::vector<Token>> prompts;
+    Outputs prompts;
     for (uint32_t i = 0; i < o.prompts; ++i) {
       prompts.push_back(Prompt(round * 1000 + i, o.prompt_tokens, vocab));
     }
-    std::vector<std::vector<Token>> outs;
-    auto t0 = Clock::now();
-    for (const auto& p : prompts) outs.push_back(runner.Serve({p}, 1)[0]);
-    double engine_s = SecondsSince(t0);
-    double llama_s = TimeReference(*refs[0], prompts, 1, outs, &prefill.outputs_equal);
-    double unified_s = TimeReference(*refs[1], prompts, 1, outs, &prefill.outputs_equal);
-    prefill.Add(static_cast<double>(o.prompt_tokens) * o.prompts, engine_s, llama_s, unified_s);
+    Measure(runner, refs, prompts, 1, false, static_cast<double>(o.prompt_tokens) * o.prompts,
+            round, &prefill);
     // Decode: one request, many tokens.
-    const std::vector<std::vector<Token>> one = {Prompt(round + 77, 16, vocab)};
-    t0 = Clock::now();
-    outs = runner.Serve(one, o.decode_tokens);
-    engine_s = SecondsSince(t0);
-    llama_s = TimeReference(*refs[0], one, o.decode_tokens, outs, &decode.outputs_equal);
-    unified_s = TimeReference(*refs[1], one, o.decode_tokens, outs, &decode.outputs_equal);
-    decode.Add(o.decode_tokens, engine_s, llama_s, unified_s);
+    const Outputs one = {Prompt(round + 77, 16, vocab)};
+    Measure(runner, refs, one, o.decode_tokens, false, o.decode_tokens, round, &decode);
     // Batched: B requests at once against the loop serving them in turn.
-    std::vector<std::vector<Token>> many;
+    Outputs many;
     for (uint32_t i = 0; i < o.batched; ++i) many.push_back(Prompt(round * 31 + i + 5, 16, vocab));
-    t0 = Clock::now();
-    outs = runner.Serve(many, o.decode_tokens);
-    engine_s = SecondsSince(t0);
-    llama_s = TimeReference(*refs[0], many, o.decode_tokens, outs, &batched.outputs_equal);
-    unified_s = TimeReference(*refs[1], many, o.decode_tokens, outs, &batched.outputs_equal);
-    batched.Add(static_cast<double>(o.decode_tokens) * o.batched, engine_s, llama_s, unified_s);
+    Measure(runner, refs, many, o.decode_tokens, true,
+            static_cast<double>(o.decode_tokens) * o.batched, round, &batched);
     std::fprintf(stderr,
-                 "bench llama: round %u/%u: engine ÷ llama.cpp alone (÷ same KV cache): "
+                 "bench llama: round %u/%u: engine ÷ llama.cpp alone (÷ same context): "
                  "prefill %.2f (%.2f), decode %.2f (%.2f), batched ×%u %.2f (%.2f)\n",
                  round + 1, o.rounds, prefill.ratios.back(), prefill.scheduler_ratios.back(),
                  decode.ratios.back(), decode.scheduler_ratios.back(), o.batched,

@@ -63,8 +63,8 @@ Result<std::unique_ptr<ReferenceDecoder>> ReferenceDecoder::Open(const Reference
   cp.n_ctx = o.context_tokens;
   cp.n_batch = o.batch_tokens;
   cp.n_ubatch = o.batch_tokens;
-  cp.n_seq_max = 1;
-  cp.kv_unified = o.unified_kv;
+  cp.n_seq_max = o.engine_context ? o.max_sequences : 1;
+  cp.kv_unified = o.engine_context;
   cp.n_threads = static_cast<int32_t>(o.threads);
   cp.n_threads_batch = static_cast<int32_t>(o.threads);
   cp.no_perf = true;

@@ -26,11 +26,14 @@ struct ReferenceOptions {
   uint32_t threads = 2;
   uint32_t context_tokens = 4096;
   uint32_t batch_tokens = 512;
-  // llama.cpp's unified KV cache (one pool of cells for all sequences), as
-  // the engine's LlamaModel runs it; off: the library's default for one
-  // sequence. On a tiny model the unified cache costs llama.cpp itself
-  // ~30% of decode speed (a fixed cost per step; none at 12 layers).
-  bool unified_kv = false;
+  // The engine's context instead of the library's default for one
+  // sequence: llama.cpp's unified KV cache (one pool of cells for all
+  // sequences) sized for `max_sequences`. What the engine's LlamaModel runs,
+  // so a comparison with it isolates kvrelay's scheduler. On the 2-layer
+  // made model that context alone costs llama.cpp ~30% of its decode speed
+  // (a fixed cost per step; ~5% at 12 layers).
+  bool engine_context = false;
+  uint32_t max_sequences = 1;
 };
 
 class ReferenceDecoder {
