@@ -123,6 +123,11 @@ int RunServe(const ServeCliOptions& o) {
   }
   eo.incarnation = kvrelay::NewIncarnation();
   const bool llama = o.llama.engine == "llama";
+  if (llama && o.shape != ServeCliOptions{}.shape) {
+    std::fprintf(stderr, "kvrelay serve: --model-shape is the emulated engine's; a llama "
+                         "engine's shape comes from its --model file\n");
+    return 2;
+  }
   // llama.cpp: 256 blocks of 16 tokens = a 4,096-token KV context; a batch
   // of 512 tokens (its usual one).
   eo.num_blocks = o.num_blocks != 0 ? o.num_blocks
