@@ -74,7 +74,7 @@ class EngineRunner {
     o.shape.vocab = model_->vocab();
     o.shape.max_context = context_tokens;
     o.num_blocks = context_tokens / kBlockTokens;
-    o.max_batch_tokens = kBatchTokens;
+    o.max_batch_tokens = kBatchTokens + kMaxSequences;
     o.max_running = kMaxSequences;
     o.prefix_caching = false;
     engine_ = std::make_unique<engine::Engine>(o, &memory_, model_.get());

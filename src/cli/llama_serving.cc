@@ -8,6 +8,7 @@ namespace kvrelay::cli {
 namespace {
 
 constexpr uint32_t kLlamaBlockTokens = 16;
+constexpr uint32_t kLlamaBatchTokens = 512;   // llama.cpp's usual n_batch
 
 // The model's own vocabulary as the server's text codec.
 class LlamaCodec final : public server::TextCodec {
@@ -85,7 +86,7 @@ Status SetUpLlamaEngine(const LlamaServeFlags& f, server::ServerOptions* so,
   lo.threads = f.threads;
   lo.context_tokens = eo.num_blocks * kLlamaBlockTokens;
   lo.max_sequences = eo.max_running;
-  lo.batch_tokens = eo.max_batch_tokens;
+  lo.batch_tokens = std::min(eo.max_batch_tokens, kLlamaBatchTokens);
   Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(f.model);
   if (!tok.ok()) return tok.status();
   Result<std::unique_ptr<llama::LlamaModel>> m = llama::LlamaModel::Open(lo);

@@ -128,13 +128,14 @@ int RunServe(const ServeCliOptions& o) {
                          "engine's shape comes from its --model file\n");
     return 2;
   }
-  // llama.cpp: 256 blocks of 16 tokens = a 4,096-token KV context; a batch
-  // of 512 tokens (its usual one).
+  // llama.cpp: 256 blocks of 16 tokens = a 4,096-token KV context; a step
+  // of one 512-token prefill chunk (llama.cpp's usual batch) and a decode
+  // token for every running request.
   eo.num_blocks = o.num_blocks != 0 ? o.num_blocks
                   : llama           ? 256
                                     : (eo.shape.name == "tiny" ? 4096 : 512);
   eo.max_batch_tokens = o.max_batch_tokens != 0 ? o.max_batch_tokens
-                        : llama                 ? 512
+                        : llama                 ? 512 + o.max_running
                                                 : (eo.shape.name == "tiny" ? 2048 : 8192);
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;

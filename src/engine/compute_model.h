@@ -49,6 +49,9 @@ struct SeqWork {
   std::span<const BlockId> blocks;   // its blocks (the emulated model's KV)
   uint32_t from = 0, to = 0;         // compute KV for tokens [from, to)
   bool wants_token = false;          // then also the token after to-1
+  // Not one decode token: a prompt chunk, or a preempted request's
+  // recompute (anything but from == tokens.size() - 1 past the prompt).
+  bool prefill = false;
   Sampling sampling;
 };
 
@@ -77,6 +80,11 @@ class ComputeModel {
   // True if KV blocks can be shared between sequences (the engine's
   // prefix cache). llama.cpp keeps each sequence's KV in its own cells.
   virtual bool SharesBlocks() const = 0;
+  // 0: a prefill chunk may end anywhere the step's token budget does.
+  // N: it ends at a multiple of N or at the sequence's end, and the engine
+  // waits for a step with room for it whole — where llama.cpp alone cuts a
+  // prompt, since its sums depend on how many rows share a batch.
+  virtual uint32_t PrefillAlign() const { return 0; }
   // The vocabulary: token ids are below it.
   virtual uint32_t vocab() const = 0;
   // What it is, for logs and /v1/models ("emulated tiny", a GGUF's name).

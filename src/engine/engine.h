@@ -225,6 +225,7 @@ class Engine {
     uint32_t from = 0, to = 0;
     bool wants_token = false;   // from the model
     bool emits = false;         // a token goes out this step
+    bool prefill = false;       // not a single decode token (SeqWork::prefill)
   };
 
   enum class OpKind : uint8_t {

@@ -123,9 +123,14 @@ void Engine::AllocateRun(Request& r, uint32_t n, TransferId owner) {
 // Plans the next chunk of `r` (prefill) and its next token (decode).
 bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
   const uint32_t len = static_cast<uint32_t>(r.seq.size());
-  Planned p{r.client, r.computed, r.computed, false, false};
+  Planned p{r.client, r.computed, r.computed, false, false, false};
   if (r.computed < len) {
-    const uint32_t chunk = std::min(len - r.computed, *budget);
+    uint32_t chunk = std::min(len - r.computed, *budget);
+    if (const uint32_t align = model_->PrefillAlign(); align > 0) {
+      // The model's own cut (compute_model.h): the chunk whole, or wait.
+      chunk = std::min(len - r.computed, align - r.computed % align);
+      if (chunk > *budget) return false;
+    }
     if (chunk == 0) return false;
     while (!EnsureBlocks(r, r.computed + chunk)) {
       // Out of blocks: preempt the newest running request — this one, if
@@ -140,6 +145,7 @@ bool Engine::AdvanceRunning(Request& r, uint32_t* budget) {
     *budget -= chunk;
   }
   p.emits = p.to == len;  // prefill done: a token this step
+  p.prefill = !(p.from + 1 == len && p.from >= r.prompt_len);
   p.wants_token = p.emits && !CarriedTokenDue(r);
   plan_.push_back(p);
   return true;
@@ -155,7 +161,7 @@ void Engine::RunPlanned() {
     const Request& r = requests_.at(p.client);
     KV_CHECK(r.phase == Phase::kRunning && r.computed == p.from);
     batch_.push_back(SeqWork{r.id.index, r.seq, r.blocks, p.from, p.to, p.wants_token,
-                             r.sampling});
+                             p.prefill, r.sampling});
     wants += p.wants_token ? 1 : 0;
   }
   batch_out_.resize(wants);

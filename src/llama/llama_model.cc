@@ -75,6 +75,7 @@ class LlamaModelImpl final : public LlamaModel {
     return engine::Residency{ctx_ != nullptr, model_ != nullptr, loaded_version_};
   }
   bool SharesBlocks() const override { return false; }
+  uint32_t PrefillAlign() const override { return options_.batch_tokens; }
   uint32_t vocab() const override { return info_.vocab; }
   std::string Describe() const override {
     return "llama.cpp " + info_.name + " (" + std::to_string(info_.layers) + " layers, embd " +
@@ -89,6 +90,9 @@ class LlamaModelImpl final : public LlamaModel {
 
  private:
   int32_t SeqFor(uint64_t key, uint32_t from);
+  void BeginBatch();
+  void AddToBatch(std::span<const engine::SeqWork> batch, size_t i);
+  void DecodeAndSample(std::span<const engine::SeqWork> batch, std::span<engine::Token> out);
   Status MakeContext();
   void FreeContext();
   Result<std::string> FileOf(uint64_t version) const;
@@ -101,7 +105,10 @@ class LlamaModelImpl final : public LlamaModel {
   ModelInfo info_;
   std::unordered_map<uint64_t, int32_t> seq_of_key_;
   std::vector<int32_t> free_seqs_;
-  std::vector<int32_t> want_rows_;  // Run's: batch rows whose logits are read
+  // Run's scratch: out's index per entry, and (entry, row) of the rows
+  // whose logits the current llama_decode yields.
+  std::vector<int32_t> out_of_entry_;
+  std::vector<std::pair<size_t, int32_t>> rows_;
 };
 
 Result<std::string> LlamaModelImpl::FileOf(uint64_t version) const {
@@ -191,42 +198,72 @@ int32_t LlamaModelImpl::SeqFor(uint64_t key, uint32_t from) {
   return s;
 }
 
+// Decode tokens share one llama_decode; each prefill chunk has one of its
+// own, cut where llama.cpp alone cuts a prompt (PrefillAlign): llama.cpp's
+// matrix and attention kernels sum in an order that depends on how many
+// rows a batch has, so a prompt computed beside other rows could end on
+// another first token when two logits nearly tie. Alone, with the same
+// cuts, it ends on llama.cpp's.
 void LlamaModelImpl::Run(std::span<const engine::SeqWork> batch, uint64_t weights_version,
                          std::span<engine::Token> out) {
   KV_CHECK(ctx_ != nullptr && model_ != nullptr);
   KV_CHECK_EQ(weights_version, loaded_version_);
-  batch_.n_tokens = 0;
-  want_rows_.clear();
-  for (const engine::SeqWork& w : batch) {
+  // out's index of each entry that wants a token.
+  out_of_entry_.assign(batch.size(), -1);
+  int32_t wanting = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
     // llama.cpp samples from the logits of a token it computes in this
     // batch: a token is always wanted right after a computed one.
-    KV_CHECK(!w.wants_token || w.to > w.from);
-    if (w.to == w.from) continue;
-    const int32_t seq = SeqFor(w.key, w.from);
-    for (uint32_t i = w.from; i < w.to; ++i) {
-      const int32_t row = batch_.n_tokens++;
-      KV_CHECK_LE(static_cast<uint32_t>(batch_.n_tokens), options_.batch_tokens);
-      batch_.token[row] = static_cast<llama_token>(w.tokens[i]);
-      batch_.pos[row] = static_cast<llama_pos>(i);
-      batch_.n_seq_id[row] = 1;
-      batch_.seq_id[row][0] = seq;
-      batch_.logits[row] = (w.wants_token && i + 1 == w.to) ? 1 : 0;
-    }
-    if (w.wants_token) want_rows_.push_back(batch_.n_tokens - 1);
+    KV_CHECK(!batch[i].wants_token || batch[i].to > batch[i].from);
+    if (batch[i].wants_token) out_of_entry_[i] = wanting++;
   }
-  KV_CHECK_EQ(want_rows_.size(), out.size());
+  KV_CHECK_EQ(static_cast<size_t>(wanting), out.size());
+  BeginBatch();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].prefill && batch[i].to > batch[i].from) AddToBatch(batch, i);
+  }
+  DecodeAndSample(batch, out);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].prefill || batch[i].to == batch[i].from) continue;
+    BeginBatch();
+    AddToBatch(batch, i);
+    DecodeAndSample(batch, out);
+  }
+}
+
+void LlamaModelImpl::BeginBatch() {
+  batch_.n_tokens = 0;
+  rows_.clear();
+}
+
+void LlamaModelImpl::AddToBatch(std::span<const engine::SeqWork> batch, size_t i) {
+  const engine::SeqWork& w = batch[i];
+  const int32_t seq = SeqFor(w.key, w.from);
+  KV_CHECK_LE(batch_.n_tokens + (w.to - w.from), options_.batch_tokens);
+  for (uint32_t t = w.from; t < w.to; ++t) {
+    const int32_t row = batch_.n_tokens++;
+    batch_.token[row] = static_cast<llama_token>(w.tokens[t]);
+    batch_.pos[row] = static_cast<llama_pos>(t);
+    batch_.n_seq_id[row] = 1;
+    batch_.seq_id[row][0] = seq;
+    batch_.logits[row] = (w.wants_token && t + 1 == w.to) ? 1 : 0;
+  }
+  if (w.wants_token) rows_.push_back({i, batch_.n_tokens - 1});
+}
+
+void LlamaModelImpl::DecodeAndSample(std::span<const engine::SeqWork> batch,
+                                     std::span<engine::Token> out) {
   if (batch_.n_tokens == 0) return;
   const int32_t rc = llama_decode(ctx_, batch_);
   // The pool admitted this step: its cells exist (context = pool size).
   KV_CHECK_MSG(rc == 0, "llama_decode failed");
-  size_t next = 0;
-  for (const engine::SeqWork& w : batch) {
-    if (!w.wants_token) continue;
-    const float* logits = llama_get_logits_ith(ctx_, want_rows_[next]);
+  for (const auto& [entry, row] : rows_) {
+    const engine::SeqWork& w = batch[entry];
+    const float* logits = llama_get_logits_ith(ctx_, row);
     KV_CHECK(logits != nullptr);
-    out[next] = engine::SampleToken(std::span<const float>(logits, info_.vocab), w.sampling,
-                                    static_cast<uint32_t>(w.tokens.size()));
-    ++next;
+    out[static_cast<size_t>(out_of_entry_[entry])] = engine::SampleToken(
+        std::span<const float>(logits, info_.vocab), w.sampling,
+        static_cast<uint32_t>(w.tokens.size()));
   }
 }
 
@@ -304,6 +341,12 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Open(const LlamaModelOptions& op
   if (options.max_sequences == 0 || options.max_sequences > kMaxSequences) {
     return InvalidArgumentError("llama.cpp runs 1 to " + std::to_string(kMaxSequences) +
                                 " sequences at once (--max-running)");
+  }
+  if (options.batch_tokens < options.max_sequences) {
+    return InvalidArgumentError("a step's decode tokens (one per running request, " +
+                                std::to_string(options.max_sequences) +
+                                ") must fit llama.cpp's batch of " +
+                                std::to_string(options.batch_tokens) + " tokens");
   }
   if (options.batch_tokens == 0 || options.context_tokens < options.batch_tokens) {
     return InvalidArgumentError("the KV context (" + std::to_string(options.context_tokens) +

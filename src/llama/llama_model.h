@@ -48,7 +48,11 @@ struct LlamaModelOptions {
   uint32_t threads = 2;                      // llama.cpp's compute threads
   uint32_t context_tokens = 4096;            // KV cells: num_blocks × block_tokens
   uint32_t max_sequences = 32;               // the engine's max_running (≤ 256)
-  uint32_t batch_tokens = 512;               // the engine's max_batch_tokens
+  // llama.cpp's n_batch: a prefill chunk's most tokens, and room for one
+  // decode token per running request (>= max_sequences). The engine's
+  // token budget should hold one chunk and every decode token of a step:
+  // batch_tokens + max_sequences.
+  uint32_t batch_tokens = 512;
 };
 
 // What a GGUF file holds, as the server and the logs tell it.
