@@ -89,6 +89,20 @@ Status SetUpLlamaEngine(const LlamaServeFlags& f, server::ServerOptions* so,
   lo.batch_tokens = std::min(eo.max_batch_tokens, kLlamaBatchTokens);
   Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(f.model);
   if (!tok.ok()) return tok.status();
+  // Every update_weights file now, not at the call: a typo or another
+  // vocabulary is found at startup (their weights load only when asked).
+  for (const auto& [version, path] : lo.versions) {
+    Result<std::unique_ptr<llama::LlamaTokenizer>> other = llama::LlamaTokenizer::Open(path);
+    if (!other.ok()) {
+      return InvalidArgumentError("--weights-version " + std::to_string(version) + ": " +
+                                  other.status().message());
+    }
+    if ((*other)->vocab() != (*tok)->vocab()) {
+      return InvalidArgumentError("--weights-version " + std::to_string(version) + ": " + path +
+                                  " has a vocabulary of " + std::to_string((*other)->vocab()) +
+                                  " tokens; --model has " + std::to_string((*tok)->vocab()));
+    }
+  }
   Result<std::unique_ptr<llama::LlamaModel>> m = llama::LlamaModel::Open(lo);
   if (!m.ok()) return m.status();
   const llama::ModelInfo& info = (*m)->info();

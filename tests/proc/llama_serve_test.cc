@@ -22,11 +22,12 @@
 //       is idle with no block used, and a temperature-0 probe equals the
 //       reference of the weights in force.
 //   LlamaServeTest.UnusableWeightsVersionIsRefusedAndServingGoesOn
-//       update_weights to a --weights-version file that is missing or has
-//       another vocabulary: 409 naming why; version 1 serves on.
+//       update_weights to a version whose file went away after startup, or
+//       to one never given: 409 naming why; version 1 serves on.
 //   LlamaServeTest.RefusedFlagSetsExitNonZeroWithAMessage
 //       serve --engine llama without --model, with --role prefill, with a
-//       missing or non-GGUF file, a bad --weights-version: exit 2 and one
+//       missing or non-GGUF file, a bad --weights-version, a missing one or
+//       one of another vocabulary: exit 2 and one
 //       line on stderr saying why.
 //   LlamaServeTest.DISABLED_StreamedTextEqualsWholeText
 //       a known limitation (docs/llama.md, "Not yet"), kept as its
@@ -718,20 +719,22 @@ TEST(LlamaServeTest, LifecycleCallsUnderLoad) {
 
 TEST(LlamaServeTest, UnusableWeightsVersionIsRefusedAndServingGoesOn) {
   ASSERT_TRUE(Models::ready());
-  const std::string missing = Models::dir() + "/no-such-v2.gguf";
-  std::unique_ptr<Engine> e =
-      StartLlama("llama", Models::Path("v1"),
-                 {"--weights-version", "2=" + missing, "--weights-version",
-                  "3=" + Models::Path("wide")});
+  // A file checked at startup (serve refuses a missing one, or another
+  // vocabulary: RefusedFlagSets...) and gone by the time it is asked for.
+  const std::string gone = Models::dir() + "/gone-v2.gguf";
+  std::filesystem::copy_file(Models::Path("v2"), gone,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::unique_ptr<Engine> e = StartLlama("llama", Models::Path("v1"),
+                                         {"--weights-version", "2=" + gone});
   ASSERT_NE(e, nullptr);
+  std::filesystem::remove(gone);
   const Tokens p = {5, 6, 7, 300, 400, 42};
   const Tokens want = Reference(Models::Path("v1"), p, 8);
   struct Case {
     uint64_t version;
     std::string detail;
   };
-  for (const Case& c : {Case{2, "model file " + missing + " does not exist"},
-                        Case{3, "has a vocabulary of 1024 tokens; the served model has 512"},
+  for (const Case& c : {Case{2, "model file " + gone + " does not exist"},
                         Case{4, "no weights file for version 4"}}) {
     HttpReply r = e->Post("/update_weights", json{{"version", c.version}});
     EXPECT_EQ(r.status, 409) << Describe(r);
@@ -780,6 +783,13 @@ TEST(LlamaServeTest, RefusedFlagSetsExitNonZeroWithAMessage) {
        "kvrelay serve: --weights-version takes VERSION=FILE.gguf"},
       {"--tp 2", {"--role", "plain", "--model", v1, "--tp", "2"},
        "kvrelay serve: --engine llama runs with --tp 1"},
+      {"a missing --weights-version file",
+       {"--role", "plain", "--model", v1, "--weights-version", "2=" + missing},
+       "kvrelay serve: --weights-version 2: model file " + missing + " does not exist"},
+      {"a --weights-version file of another vocabulary",
+       {"--role", "plain", "--model", v1, "--weights-version", "3=" + Models::Path("wide")},
+       "kvrelay serve: --weights-version 3: " + Models::Path("wide") +
+           " has a vocabulary of 1024 tokens; --model has 512"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
