@@ -85,6 +85,10 @@ class ComputeModel {
   // waits for a step with room for it whole — where llama.cpp alone cuts a
   // prompt, since its sums depend on how many rows share a batch.
   virtual uint32_t PrefillAlign() const { return 0; }
+  // True for a token that ends the output (llama.cpp's end-of-generation
+  // tokens); the request then finishes with FinishReason::kStop unless it
+  // asked to ignore it. The emulated model has none.
+  virtual bool EndsGeneration(Token) const { return false; }
   // The vocabulary: token ids are below it.
   virtual uint32_t vocab() const = 0;
   // What it is, for logs and /v1/models ("emulated tiny", a GGUF's name).

@@ -78,6 +78,7 @@ Status Engine::AddRequest(RequestSpec spec, Instant now) {
   r.max_tokens = remote_decode ? 1 : spec.max_tokens;  // P emits one token
   r.kv = spec.kv;
   r.sampling = spec.sampling;
+  r.ignore_eos = spec.ignore_eos;
   r.kv.prompt_hash = Fingerprint(r);
   r.remote_decode = remote_decode;
   r.remote_prefill = remote_prefill;

@@ -63,7 +63,8 @@
 namespace kvrelay::engine {
 
 enum class Role : uint8_t { kProducer, kConsumer, kBoth, kPlain };
-enum class FinishReason : uint8_t { kLength, kAborted, kError };
+// kStop: the model ended the output (its end-of-generation token).
+enum class FinishReason : uint8_t { kLength, kAborted, kError, kStop };
 enum class LoadFailurePolicy : uint8_t { kRecompute, kFail };
 enum class PauseMode : uint8_t { kAbort, kWait, kKeep };
 enum class EngineState : uint8_t { kActive, kPaused, kSleeping, kKvReleased };
@@ -99,6 +100,8 @@ struct RequestSpec {
   uint32_t max_tokens = 16;
   KvTransferParams kv;
   Sampling sampling;             // the model's sampling (compute_model.h)
+  // Go on past the model's end-of-generation token (vLLM's ignore_eos).
+  bool ignore_eos = false;
 };
 
 // --- actions ---------------------------------------------------------------
@@ -215,6 +218,7 @@ class Engine {
     // that KV is gone or when there is none.
     Token producer_token = kNoFirstToken;
     Sampling sampling;
+    bool ignore_eos = false;
     Phase phase = Phase::kWaiting;
   };
   // One request's share of the step being scheduled: KV for [from, to),

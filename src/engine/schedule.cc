@@ -184,7 +184,11 @@ void Engine::RunPlanned() {
     actions_.push_back(TokenOut{r.client, t, weights_});
     r.seq.push_back(t);
     ++r.generated;
-    if (r.generated >= r.max_tokens) Finish(r, FinishReason::kLength);
+    if (r.generated >= r.max_tokens) {
+      Finish(r, FinishReason::kLength);
+    } else if (!r.ignore_eos && model_->EndsGeneration(t)) {
+      Finish(r, FinishReason::kStop);
+    }
   }
   plan_.clear();
 }

@@ -3,6 +3,7 @@
 // alone and under load, and every lifecycle call under load.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -72,8 +73,10 @@ class LlamaEngineTest : public ::testing::Test {
     engine_ = std::make_unique<Engine>(o, &memory_, model_.get());
   }
 
+  // Outputs of `n` tokens: the engine's requests ignore the end token
+  // unless a test says otherwise (EndOfGenerationStopsTheOutput).
   std::vector<Token> Reference(uint64_t version, const std::vector<Token>& prompt, uint32_t n,
-                               engine::Sampling s = {}) {
+                               engine::Sampling s = {}, bool ignore_eos = true) {
     auto& ref = refs_[version];
     if (!ref) {
       ReferenceOptions ro;
@@ -85,7 +88,7 @@ class LlamaEngineTest : public ::testing::Test {
       KV_CHECK(r.ok());
       ref = std::move(*r);
     }
-    return ref->Generate(prompt, n, s);
+    return ref->Generate(prompt, n, s, ignore_eos);
   }
 
   static std::vector<Token> Prompt(uint64_t seed, uint32_t len) {
@@ -102,12 +105,14 @@ class LlamaEngineTest : public ::testing::Test {
     engine::FinishReason reason = engine::FinishReason::kLength;
   };
 
-  void Add(uint64_t client, std::vector<Token> prompt, uint32_t n, engine::Sampling s = {}) {
+  void Add(uint64_t client, std::vector<Token> prompt, uint32_t n, engine::Sampling s = {},
+           bool ignore_eos = true) {
     engine::RequestSpec spec;
     spec.client = client;
     spec.prompt = std::move(prompt);
     spec.max_tokens = n;
     spec.sampling = s;
+    spec.ignore_eos = ignore_eos;
     ASSERT_TRUE(engine_->AddRequest(std::move(spec), now_).ok());
   }
 
@@ -274,6 +279,30 @@ TEST_F(LlamaEngineTest, UpdateWeightsToAMissingFileFailsAndKeepsServing) {
   Add(1, p, 6);
   RunToIdle();
   EXPECT_EQ(outs_[1].tokens, Reference(1, p, 6));
+}
+
+TEST_F(LlamaEngineTest, EndOfGenerationStopsTheOutput) {
+  Open();
+  // A prompt whose greedy output reaches </s> (id 2) within 32 tokens.
+  std::vector<Token> p;
+  std::vector<Token> full;
+  for (uint64_t seed = 1; seed < 5000 && p.empty(); ++seed) {
+    std::vector<Token> cand = Prompt(seed, 6);
+    full = Reference(1, cand, 32);
+    if (std::find(full.begin(), full.end(), Token{2}) != full.end()) p = cand;
+  }
+  ASSERT_FALSE(p.empty()) << "no prompt reached </s> in 32 tokens";
+  const size_t stop = static_cast<size_t>(std::find(full.begin(), full.end(), Token{2}) -
+                                          full.begin());
+  Add(1, p, 32, {}, /*ignore_eos=*/false);
+  Add(2, p, 32, {}, /*ignore_eos=*/true);
+  RunToIdle();
+  // The output ends with </s>, as llama.cpp alone stops; ignore_eos goes on.
+  EXPECT_EQ(outs_[1].tokens, std::vector<Token>(full.begin(), full.begin() + stop + 1));
+  EXPECT_EQ(outs_[1].reason, engine::FinishReason::kStop);
+  EXPECT_EQ(outs_[1].tokens, Reference(1, p, 32, {}, /*ignore_eos=*/false));
+  EXPECT_EQ(outs_[2].tokens, full);
+  EXPECT_EQ(outs_[2].reason, engine::FinishReason::kLength);
 }
 
 TEST_F(LlamaEngineTest, PreemptionRecomputesToTheSameOutput) {

@@ -76,6 +76,10 @@ class LlamaModelImpl final : public LlamaModel {
   }
   bool SharesBlocks() const override { return false; }
   uint32_t PrefillAlign() const override { return options_.batch_tokens; }
+  bool EndsGeneration(engine::Token t) const override {
+    return model_ != nullptr &&
+           llama_vocab_is_eog(llama_model_get_vocab(model_), static_cast<llama_token>(t));
+  }
   uint32_t vocab() const override { return info_.vocab; }
   std::string Describe() const override {
     return "llama.cpp " + info_.name + " (" + std::to_string(info_.layers) + " layers, embd " +

@@ -23,7 +23,8 @@ class ReferenceDecoderImpl final : public ReferenceDecoder {
   }
 
   std::vector<engine::Token> Generate(std::span<const engine::Token> prompt, uint32_t n,
-                                      const engine::Sampling& sampling) override {
+                                      const engine::Sampling& sampling,
+                                      bool ignore_eos) override {
     llama_memory_clear(llama_get_memory(ctx_), false);
     std::vector<llama_token> seq(prompt.begin(), prompt.end());
     std::vector<engine::Token> out;
@@ -40,6 +41,10 @@ class ReferenceDecoderImpl final : public ReferenceDecoder {
                                                   sampling, static_cast<uint32_t>(seq.size()));
       out.push_back(t);
       seq.push_back(static_cast<llama_token>(t));
+      if (!ignore_eos && llama_vocab_is_eog(llama_model_get_vocab(model_),
+                                            static_cast<llama_token>(t))) {
+        break;
+      }
     }
     return out;
   }

@@ -40,9 +40,12 @@ class ReferenceDecoder {
  public:
   static Result<std::unique_ptr<ReferenceDecoder>> Open(const ReferenceOptions& options);
   virtual ~ReferenceDecoder() = default;
-  // `n` tokens after `prompt` (the context is cleared first).
+  // Up to `n` tokens after `prompt` (the context is cleared first): fewer
+  // when one is the model's end-of-generation token (it is the last one
+  // returned), as the engine stops, unless `ignore_eos`.
   virtual std::vector<engine::Token> Generate(std::span<const engine::Token> prompt, uint32_t n,
-                                              const engine::Sampling& sampling) = 0;
+                                              const engine::Sampling& sampling,
+                                              bool ignore_eos = false) = 0;
 };
 
 }  // namespace kvrelay::llama

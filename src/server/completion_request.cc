@@ -305,6 +305,10 @@ Status ParseSampling(const json& doc, CompletionRequest* req) {
     if (!s->is_number_integer()) return TypeError("seed", "an integer", *s);
     req->sampling.seed = static_cast<uint64_t>(IntegerValue(*s));
   }
+  if (const json* e = Field(doc, "ignore_eos")) {
+    if (!e->is_boolean()) return TypeError("ignore_eos", "a boolean", *e);
+    req->ignore_eos = e->get<bool>();
+  }
   return Status::Ok();
 }
 

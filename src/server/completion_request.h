@@ -60,6 +60,8 @@ struct CompletionRequest {
   // temperature (default 1, as OpenAI's) and seed (default 0): the draws
   // of a llama.cpp engine (engine/sampling.h).
   engine::Sampling sampling{1.0f, 0};
+  // vLLM's extension: go on past the model's end-of-generation token.
+  bool ignore_eos = false;
   // stream_options.include_usage: a stream ends with a usage chunk.
   bool include_usage = false;
   // True iff kv_transfer_params asked for a transfer (do_remote_decode or

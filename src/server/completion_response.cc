@@ -47,6 +47,7 @@ Json Head(std::string_view id, std::string_view model, int64_t created_s) {
 std::string_view FinishReasonName(engine::FinishReason reason) {
   switch (reason) {
     case engine::FinishReason::kLength: return "length";
+    case engine::FinishReason::kStop: return "stop";
     case engine::FinishReason::kAborted: return "abort";
     case engine::FinishReason::kError: return "error";
   }

@@ -345,6 +345,7 @@ void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<ht
   spec.prompt = cr.prompt;
   spec.max_tokens = cr.max_tokens;
   spec.sampling = cr.sampling;
+  spec.ignore_eos = cr.ignore_eos;
   if (cr.has_kv) spec.kv = cr.kv;
   auto p = std::make_shared<Pending>();
   p->exchange = ex;

@@ -95,8 +95,9 @@ ServerMetrics::ServerMetrics() {
   fast_aborts_dropped = r.AddCounter("kvrelay_fast_aborts_dropped_total",
                                      "P: fast aborts not posted because a rank's inbox was "
                                      "full or closed (the engine's own abort still follows)");
-  const char* reasons[] = {"length", "abort", "error"};
-  for (int i = 0; i < 3; ++i) {
+  // In FinishReason's order.
+  const char* reasons[] = {"length", "abort", "error", "stop"};
+  for (int i = 0; i < 4; ++i) {
     finished_[i] = r.AddCounter("kvrelay_requests_finished_total", "requests ended, by reason",
                                 {{"reason", reasons[i]}});
   }

@@ -72,7 +72,7 @@ class ServerMetrics {
   };
   std::function<http::ServerStats()> http_stats_;
   MetricsRegistry registry_;
-  std::array<Counter*, 3> finished_{};
+  std::array<Counter*, 4> finished_{};  // by FinishReason
   Histogram* request_latency_;
   std::array<Counter*, kAdminAuthVerdicts> admin_auth_refused_{};
   std::map<std::string, std::pair<Counter*, Counter*>, std::less<>> admin_calls_;

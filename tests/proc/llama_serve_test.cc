@@ -141,7 +141,8 @@ Tokens Reference(const std::string& model, const Tokens& prompt, uint32_t n,
     }
     d = std::move(*r);
   }
-  return d->Generate(prompt, n, sampling);
+  // The load's requests ignore the end token (Request()); so does this.
+  return d->Generate(prompt, n, sampling, /*ignore_eos=*/true);
 }
 
 // The logits llama.cpp alone gives for the token after `prompt` (the
@@ -218,7 +219,9 @@ std::unique_ptr<Engine> StartLlama(const std::string& name, const std::string& m
 
 json Request(const json& prompt, uint32_t n, std::optional<double> temperature,
              std::optional<int64_t> seed = std::nullopt, bool stream = false) {
-  json b = {{"prompt", prompt}, {"max_tokens", n}};
+  // ignore_eos: outputs of n tokens, whatever the made model draws (the
+  // end token's own stop is the engine test's EndOfGenerationStops...).
+  json b = {{"prompt", prompt}, {"max_tokens", n}, {"ignore_eos", true}};
   if (temperature) b["temperature"] = *temperature;
   if (seed) b["seed"] = *seed;
   if (stream) {
