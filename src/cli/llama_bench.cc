@@ -258,7 +258,7 @@ int RunLlamaBench(const LlamaBenchOptions& o) {
                  o.make.layers, o.make.embd, o.make.heads, o.make.kv_heads, o.make.vocab);
   }
   std::fprintf(f, "  \"prompt_tokens\": %u, \"prompts\": %u, \"decode_tokens\": %u, "
-                  "\"batched\": %u,\n",
+                  "\"batched_requests\": %u,\n",
                o.prompt_tokens, o.prompts, o.decode_tokens, o.batched);
   PrintPhase(f, "prefill", prefill, false);
   PrintPhase(f, "decode", decode, false);
