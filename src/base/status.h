@@ -85,6 +85,9 @@ inline Status AbortedError(std::string m) {
 inline Status UnavailableError(std::string m) {
   return Status(StatusCode::kUnavailable, std::move(m));
 }
+inline Status DataLossError(std::string m) {
+  return Status(StatusCode::kDataLoss, std::move(m));
+}
 inline Status InternalError(std::string m) {
   return Status(StatusCode::kInternal, std::move(m));
 }

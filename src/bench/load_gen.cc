@@ -75,6 +75,7 @@ struct Outcome {
   std::string why;
   double ttft_s = -1, e2e_s = 0;
   uint32_t tokens = 0;
+  bool whole_exact = false;   // with a checker
 };
 
 std::string RequestIdOf(const LoadOptions& o, uint32_t i) {
@@ -86,13 +87,14 @@ std::string RequestIdOf(const LoadOptions& o, uint32_t i) {
 // that carries one, the usage that of the chunk after it (asked for), then
 // [DONE]. Every token is then checked against the emulated model.
 Outcome RunOne(const std::string& url, const Spec& spec, const std::string& request_id,
-               const engine::ModelShape& shape, double timeout_s) {
+               const engine::ModelShape& shape, OutputChecker* checker, double timeout_s) {
   Outcome out;
   json body = {{"prompt", spec.prompt},
                {"max_tokens", spec.max_tokens},
                {"stream", true},
                {"stream_options", {{"include_usage", true}}},
                {"request_id", request_id}};
+  if (checker != nullptr) body["ignore_eos"] = true;
   http::ClientRequest req;
   req.method = "POST";
   req.target = "/v1/completions";
@@ -235,7 +237,18 @@ Outcome RunOne(const std::string& url, const Spec& spec, const std::string& requ
               std::to_string(spec.max_tokens);
     return out;
   }
-  const std::string wrong = engine::CheckOutput(spec.prompt, toks, shape);
+  std::string wrong;
+  if (checker != nullptr) {
+    std::vector<engine::Token> ids;
+    std::vector<uint64_t> versions;
+    for (const engine::TokenOut& t : toks) {
+      ids.push_back(t.token);
+      versions.push_back(t.weights_version);
+    }
+    wrong = checker->Check(spec.prompt, ids, versions, &out.whole_exact);
+  } else {
+    wrong = engine::CheckOutput(spec.prompt, toks, shape);
+  }
   if (!wrong.empty()) {
     out.why = "wrong output: " + wrong;
     return out;
@@ -384,7 +397,9 @@ LoadReport RunLoad(const LoadOptions& o) {
     }
   }
   engine::ModelShape shape;
-  {
+  if (o.checker != nullptr) {
+    shape.vocab = o.checker->vocab();
+  } else {
     auto info = GetJson(engines.front(), "/kv_info");
     if (!info.ok() || !engine::ModelShapeByName(info->value("model_shape", ""), &shape)) {
       check("engines reachable", false,
@@ -414,7 +429,8 @@ LoadReport RunLoad(const LoadOptions& o) {
         started[i] = 1;
         const Spec spec = MakeSpec(o, i, shape.vocab);
         in_flight[i] = 1;
-        outcomes[i] = RunOne(o.url, spec, RequestIdOf(o, i), shape, o.request_timeout_s);
+        outcomes[i] =
+            RunOne(o.url, spec, RequestIdOf(o, i), shape, o.checker.get(), o.request_timeout_s);
         in_flight[i] = 0;
         switch (outcomes[i].fate) {
           case Fate::kOk: ++n_ok; break;
@@ -513,6 +529,7 @@ LoadReport RunLoad(const LoadOptions& o) {
 
   std::vector<double> ttft, tpot, e2e;
   rep.requests = 0;
+  if (o.checker != nullptr) rep.whole_exact = 0;
   for (uint32_t i = 0; i < o.requests; ++i) {
     if (!started[i]) continue;
     ++rep.requests;
@@ -520,6 +537,7 @@ LoadReport RunLoad(const LoadOptions& o) {
     switch (x.fate) {
       case Fate::kOk:
         ++rep.ok;
+        if (x.whole_exact) ++rep.whole_exact;
         rep.output_tokens += x.tokens;
         if (x.ttft_s >= 0) ttft.push_back(x.ttft_s);
         e2e.push_back(x.e2e_s);
@@ -583,6 +601,7 @@ LoadReport RunLoad(const LoadOptions& o) {
     for (uint32_t i = 0; i < o.probes; ++i) {
       const Spec spec = MakeSpec(po, i, shape.vocab);
       json body = {{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}};
+      if (o.checker != nullptr) body["ignore_eos"] = true;
       http::ClientOptions opts;
       opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.request_timeout_s * 1e9));
       Result<http::ClientResponse> r = http::PostJson(o.url, "/v1/completions", body.dump(), opts);
@@ -600,8 +619,13 @@ LoadReport RunLoad(const LoadOptions& o) {
       const auto ids = c.value("token_ids", std::vector<engine::Token>{});
       const auto vers = c.value("weights_versions", std::vector<uint64_t>{});
       const uint64_t v = vers.empty() ? 1 : vers.front();
-      if (ids == engine::Reference(spec.prompt, v, spec.max_tokens, shape) &&
-          std::all_of(vers.begin(), vers.end(), [&](uint64_t x) { return x == v; })) {
+      bool exact = false;
+      if (o.checker != nullptr) {
+        exact = o.checker->Check(spec.prompt, ids, vers, &exact).empty() && exact;
+      } else {
+        exact = ids == engine::Reference(spec.prompt, v, spec.max_tokens, shape);
+      }
+      if (exact && std::all_of(vers.begin(), vers.end(), [&](uint64_t x) { return x == v; })) {
         ++probes_ok;
       } else {
         probe_why = "probe " + std::to_string(i) + " differs from Reference";
@@ -637,6 +661,13 @@ std::string FormatLoadReport(const LoadReport& r) {
                 "client, %u failed\n",
                 r.ok, r.clean_errors, r.disconnected, r.failed);
   s += line;
+  if (r.whole_exact >= 0) {
+    std::snprintf(line, sizeof line,
+                  "  of the %u outputs: every first token exact, %lld equal to the reference "
+                  "token for token\n",
+                  r.ok, static_cast<long long>(r.whole_exact));
+    s += line;
+  }
   std::snprintf(line, sizeof line,
                 "  duration %.2f s, %.1f requests/s, %.0f output tokens/s\n", r.duration_s,
                 r.requests_per_s, r.output_tokens_per_s);
@@ -697,6 +728,7 @@ std::string LoadReportJson(const LoadReport& r) {
               {"controls", controls},
               {"checks", checks},
               {"probes_ok", r.probes_ok},
+              {"whole_exact", r.whole_exact},
               {"probes", r.probes},
               {"passed", r.passed()}}
       .dump(2);

@@ -20,13 +20,32 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bench/control_call.h"
+#include "engine/model.h"
 
 namespace kvrelay {
+
+// How a load judges its outputs when the engines serve another model than
+// the emulated one (llama.cpp: cli/llama_checker.h). Called from every
+// client thread at once.
+class OutputChecker {
+ public:
+  virtual ~OutputChecker() = default;
+  // Prompt token ids are drawn below it.
+  virtual uint32_t vocab() const = 0;
+  // "" if `out` (token i computed under versions[i]) is an acceptable
+  // output for `prompt` (asked with temperature 1, seed 0, ignore_eos);
+  // else why. *whole_exact: equal to the reference token for token.
+  virtual std::string Check(std::span<const engine::Token> prompt,
+                            std::span<const engine::Token> out,
+                            std::span<const uint64_t> versions, bool* whole_exact) = 0;
+};
 
 struct LoadOptions {
   std::string url = "http://127.0.0.1:8000";
@@ -50,6 +69,10 @@ struct LoadOptions {
   bool progress = true;
   std::string auth_token;   // signs admin calls and /debug reads
   std::string auth_token_file;  // --auth-token-file; RunLoadCommand reads it into auth_token
+  // Null: outputs are the emulated model's (CheckOutput, Reference, the
+  // shape /kv_info names). Set: requests ask ignore_eos (outputs of
+  // max_tokens), outputs and probes are judged by it, probes whole-exact.
+  std::shared_ptr<OutputChecker> checker;
 };
 
 struct Percentiles {
@@ -92,6 +115,7 @@ struct LoadReport {
   std::vector<CheckOutcome> checks;
   std::vector<std::pair<std::string, int64_t>> blocks_left;  // per engine, after the load
   uint32_t probes_ok = 0, probes = 0;
+  int64_t whole_exact = -1;         // with a checker: ok outputs equal to its reference
   bool passed() const;
 };
 

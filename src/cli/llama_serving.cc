@@ -74,18 +74,21 @@ Status SetUpLlamaEngine(const LlamaServeFlags& f, server::ServerOptions* so,
   if (std::string why = llama::Unavailable(); !why.empty()) return UnavailableError(why);
   if (f.model.empty()) return InvalidArgumentError("--engine llama needs --model FILE.gguf");
   engine::EngineOptions& eo = so->node.engine;
-  if (eo.role != engine::Role::kPlain) {
+  if (eo.tp != 1) {
     return InvalidArgumentError(
-        "--engine llama serves --role plain: handing llama.cpp KV between engines is not built "
-        "yet");
+        "--engine llama runs with --tp 1 (llama.cpp keeps a sequence's KV in one process)");
   }
-  if (eo.tp != 1) return InvalidArgumentError("--engine llama runs with --tp 1");
   llama::LlamaModelOptions lo;
   lo.model_path = f.model;
   if (Status s = ParseVersions(f.weights_versions, &lo.versions); !s.ok()) return s;
   lo.threads = f.threads;
   lo.context_tokens = eo.num_blocks * kLlamaBlockTokens;
   lo.max_sequences = eo.max_running;
+  if (eo.role == engine::Role::kConsumer || eo.role == engine::Role::kBoth) {
+    // Loads that land join the running requests whatever their count: room
+    // for them (a load that finds no sequence is recomputed).
+    lo.max_sequences = std::min(256u, std::max(eo.max_running * 2, eo.max_running + 16));
+  }
   lo.batch_tokens = std::min(eo.max_batch_tokens, kLlamaBatchTokens);
   Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(f.model);
   if (!tok.ok()) return tok.status();
@@ -106,16 +109,7 @@ Status SetUpLlamaEngine(const LlamaServeFlags& f, server::ServerOptions* so,
   Result<std::unique_ptr<llama::LlamaModel>> m = llama::LlamaModel::Open(lo);
   if (!m.ok()) return m.status();
   const llama::ModelInfo& info = (*m)->info();
-  engine::ModelShape& shape = eo.shape;
-  shape.name = info.name;
-  shape.layers = std::max(info.layers, 1u);
-  shape.kv_heads = engine::kHeadGroups;  // the transfer layout's groups
-  shape.head_dim = 8;
-  shape.dtype_bytes = 2;
-  shape.block_tokens = kLlamaBlockTokens;
-  shape.vocab = info.vocab;
-  shape.max_context = std::min(lo.context_tokens, info.context_train > 0 ? info.context_train
-                                                                          : lo.context_tokens);
+  eo.shape = llama::ShapeFor(info, kLlamaBlockTokens, lo.context_tokens);
   eo.prefix_caching = false;   // llama.cpp's sequences share no KV
   eo.step_base = Duration::Zero();   // the compute is real: llama_decode
   eo.step_per_token = Duration::Zero();

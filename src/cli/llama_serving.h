@@ -26,10 +26,10 @@ struct LlamaServeFlags {
 
 void AddLlamaServeFlags(CLI::App* cmd, LlamaServeFlags* flags);
 
-// For --engine llama: checks the flags against the rest of `so` (role
-// plain, tp 1), opens the model and its tokenizer, and points `so` at them
-// (shape, prefix caching off, no modelled step time, codec, model name
-// unless one was given). The model lands in `*model`, to outlive the
+// For --engine llama: checks the flags against the rest of `so` (tp 1),
+// opens the model and its tokenizer, and points `so` at them (a shape
+// whose blocks carry llama.cpp's KV, prefix caching off, no modelled step
+// time, codec, model name unless one was given). The model lands in `*model`, to outlive the
 // server. For --engine emulated: nothing. kInvalidArgument for flags that
 // do not fit, the model's own errors otherwise.
 Status SetUpLlamaEngine(const LlamaServeFlags& flags, server::ServerOptions* so,

@@ -53,8 +53,12 @@ Status LocalCluster::Start(const ClusterOptions& o) {
     if (port == 0 || ctrl == 0) return Status(StatusCode::kUnavailable, "no free port");
     std::vector<std::string> a = {self, "serve", "--role", role, "--port", std::to_string(port),
                                   "--ctrl-port", std::to_string(ctrl), "--tp", std::to_string(tp),
-                                  "--transport", o.transport, "--model-shape", o.shape,
+                                  "--transport", o.transport,
                                   "--step-per-token-us", std::to_string(o.step_per_token_us)};
+    if (!o.shape.empty()) {  // empty: the model names its own (--engine llama)
+      a.push_back("--model-shape");
+      a.push_back(o.shape);
+    }
     if (o.num_blocks != 0) {
       a.push_back("--num-blocks");
       a.push_back(std::to_string(o.num_blocks));

@@ -20,7 +20,7 @@ namespace kvrelay::cli {
 struct ClusterOptions {
   std::string logs;                 // folder (created)
   std::string transport = "shm";
-  std::string shape = "tiny";
+  std::string shape = "tiny";       // serve's --model-shape; empty: not passed (--engine llama)
   uint32_t num_p = 1, num_d = 1;
   uint32_t num_plain = 0;           // `serve --role plain` engines, not behind the router
   uint32_t p_tp = 1, d_tp = 1;

@@ -120,6 +120,16 @@ void ByteKvMemory::Write(BlockId b, uint32_t group, uint64_t digest) {
   }
 }
 
+void ByteKvMemory::AppendBlockBytes(BlockId b, std::vector<std::span<uint8_t>>* out) {
+  for (uint32_t layer = 0; layer < shape_.layers; ++layer) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint32_t g = first_group_; g < first_group_ + groups_; ++g) {
+        out->push_back(region_.subspan(ChunkOffset(layer, kv, b.index, g), chunk_bytes_));
+      }
+    }
+  }
+}
+
 uint64_t ByteKvMemory::Read(BlockId b, uint32_t group) const {
   uint64_t digest;
   std::memcpy(&digest, region_.data() + ChunkOffset(0, 0, b.index, group), 8);

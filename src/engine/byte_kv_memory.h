@@ -51,6 +51,13 @@ class ByteKvMemory final : public KvMemory {
   // ReadBlocks for this memory's groups only: fills out[i * kHeadGroups + g]
   // for g in [first_group, first_group + groups), leaves the rest.
   void ReadOwnGroups(std::span<const BlockId> blocks, std::span<uint64_t> out) const;
+  // Appends (not replaces) this memory's chunks of `b` to `out`: layer,
+  // then K|V, then head group.
+  void AppendBlockBytes(BlockId b, std::vector<std::span<uint8_t>>* out);
+  void BlockBytes(BlockId b, std::vector<std::span<uint8_t>>* out) override {
+    out->clear();
+    AppendBlockBytes(b, out);
+  }
   void OnAllocate(BlockId, TransferId) override {}
   void OnFree(BlockId) override {}
   void OnReset() override;

@@ -30,6 +30,7 @@
 
 #include "base/status.h"
 #include "core/block_id.h"
+#include "engine/kv_memory.h"
 #include "engine/model.h"
 
 namespace kvrelay::engine {
@@ -89,6 +90,40 @@ class ComputeModel {
   // tokens); the request then finishes with FinishReason::kStop unless it
   // asked to ignore it. The emulated model has none.
   virtual bool EndsGeneration(Token) const { return false; }
+  // --- P/D: KV a model keeps itself, carried in blocks -------------------
+  // The emulated model's KV is the blocks' content already (it writes and
+  // reads them through KvMemory), so these are no-ops for it. llama.cpp
+  // keeps KV in its own cells: P copies a sequence out into the request's
+  // blocks when its prefill ends, D copies the blocks that landed into a
+  // sequence of its own before it decodes.
+  //
+  // P: the prefill of `key` ended (its KV covers tokens [0, n_tokens)) and
+  // the request hands off: write that KV into `blocks` through `memory`.
+  // An error (blocks too small) ends the hand-off as an aborted one.
+  virtual Status ExportKv(uint64_t /*key*/, uint32_t /*n_tokens*/,
+                          std::span<const BlockId> /*blocks*/, KvMemory& /*memory*/) {
+    return Status::Ok();
+  }
+  // D: `blocks` hold what P exported for a prompt of n_tokens: make it the
+  // KV of `key` (a key with no sequence now), so the next batch may start at
+  // from == n_tokens. An error (another model, a corrupted or cut frame, no
+  // free sequence) is a failed load: the engine recomputes or fails the
+  // request by its policy, and the key holds nothing.
+  virtual Status ImportKv(uint64_t /*key*/, uint32_t /*n_tokens*/,
+                          std::span<const BlockId> /*blocks*/, KvMemory& /*memory*/) {
+    return Status::Ok();
+  }
+  // Folded into the prompt fingerprint P and D compare (connector), so KV
+  // from another model is refused before a byte moves: the emulated model
+  // 0 (its fingerprint is the weights version's), llama.cpp a hash of the
+  // weights file.
+  virtual uint64_t Identity() const { return 0; }
+  // True if the next token can come from the KV alone (SeqWork with from
+  // == to and wants_token): the emulated model reads its digests. llama.cpp
+  // samples from logits, which are not part of the KV: D then uses the
+  // token P computed (core/first_token.h) whenever it has one.
+  virtual bool NextTokenFromKv() const { return true; }
+
   // The vocabulary: token ids are below it.
   virtual uint32_t vocab() const = 0;
   // What it is, for logs and /v1/models ("emulated tiny", a GGUF's name).

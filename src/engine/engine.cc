@@ -38,7 +38,11 @@ Engine::Engine(const EngineOptions& options, KvMemory* memory, ComputeModel* mod
 }
 
 uint64_t Engine::Fingerprint(const Request& r) const {
-  return PrefixHash(weights_, std::span<const Token>(r.seq.data(), r.prompt_len)) | 1;
+  // The model's identity too (compute_model.h): KV from another model's
+  // file is refused at the first pull, as KV from other weights is.
+  return (PrefixHash(weights_, std::span<const Token>(r.seq.data(), r.prompt_len)) ^
+          model_->Identity()) |
+         1;
 }
 
 Status Engine::AddRequest(RequestSpec spec, Instant now) {
@@ -151,11 +155,18 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
   const uint32_t first_token = r.generated == 1 ? r.seq.back() : kNoFirstToken;
   // The KV was computed under the current weights: that is what D must
   // expect (a weight update since admission changes the fingerprint).
-  if (reason == FinishReason::kLength && r.remote_decode &&
-      connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false, Fingerprint(r),
-                                 first_token)) {
-    r.phase = Phase::kHeld;
-    return;
+  if (reason == FinishReason::kLength && r.remote_decode) {
+    // A model that keeps its own KV copies it into the blocks now; if it
+    // cannot, the hand-off ends as an aborted one (D recomputes).
+    const Status exported = model_->ExportKv(r.id.index, r.computed, r.blocks, *memory_);
+    if (!exported.ok()) {
+      ++stats_.exports_failed;
+      KV_CHECK(!connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true));
+    } else if (connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false, Fingerprint(r),
+                                          first_token)) {
+      r.phase = Phase::kHeld;
+      return;
+    }
   }
   if (reason == FinishReason::kLength && !r.remote_decode) {
     KV_CHECK(!connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false));
@@ -218,7 +229,13 @@ void Engine::ApplyFinished(const EngineFinished& f) {
     KV_CHECK(r != nullptr && r->phase == Phase::kWaitingRemote);
     dirty_ = true;
     r->remote_prefill = false;
-    if (done.ok && !resetting_) {
+    // A model that keeps its own KV takes it from the blocks now; a frame
+    // it refuses is a failed load.
+    const bool imported =
+        done.ok && !resetting_ &&
+        model_->ImportKv(r->id.index, r->prompt_len, r->blocks, *memory_).ok();
+    if (done.ok && !resetting_ && !imported) ++stats_.imports_failed;
+    if (imported) {
       r->computed = r->prompt_len;
       // A token outside the vocabulary is no token: D computes its own.
       r->producer_token =
@@ -258,6 +275,8 @@ EngineSnapshot Engine::Snapshot() const {
   s.weights_version = weights_;
   s.producer_tokens = stats_.producer_tokens;
   s.queue_wait_expired = stats_.queue_wait_expired;
+  s.exports_failed = stats_.exports_failed;
+  s.imports_failed = stats_.imports_failed;
   for (const auto& [c, r] : requests_) {
     switch (r.phase) {
       case Phase::kWaiting: ++s.waiting; break;

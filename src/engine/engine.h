@@ -134,6 +134,8 @@ struct EngineSnapshot {
   size_t pending_ops = 0;
   uint64_t producer_tokens = 0;  // D: first tokens emitted as P computed them
   uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
+  uint64_t exports_failed = 0;   // P: hand-offs whose KV the model could not export
+  uint64_t imports_failed = 0;   // D: landed KV the model refused (a failed load)
 };
 
 class Engine {
@@ -324,6 +326,8 @@ class Engine {
     uint64_t prefix_hits = 0;
     uint64_t producer_tokens = 0;  // D: first tokens emitted as P computed them
     uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
+    uint64_t exports_failed = 0;   // P: ComputeModel::ExportKv refused (hand-off aborted)
+    uint64_t imports_failed = 0;   // D: ComputeModel::ImportKv refused (a failed load)
   } stats_;
 
  public:

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "base/check.h"
 #include "base/transfer_id.h"
@@ -35,6 +36,12 @@ class KvMemory {
       for (uint32_t g = 0; g < kHeadGroups; ++g) out[i * kHeadGroups + g] = Read(blocks[i], g);
     }
   }
+  // The bytes of block `b`, as the pieces a transfer moves, in a fixed
+  // order (ByteKvMemory: layer, K|V, head group): for a model that keeps its
+  // KV itself and carries it in blocks as opaque bytes (llama.cpp's
+  // sequence state, compute_model.h ExportKv). Empty for a memory without
+  // bytes (the simulator's digests).
+  virtual void BlockBytes(BlockId, std::vector<std::span<uint8_t>>* out) { out->clear(); }
   // `b` was allocated; `owner` is the transfer that will write it remotely
   // (D's load), or zero for local use.
   virtual void OnAllocate(BlockId b, TransferId owner) = 0;

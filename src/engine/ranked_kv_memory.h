@@ -45,6 +45,11 @@ class RankedKvMemory final : public KvMemory {
   void ReadBlocks(std::span<const BlockId> blocks, std::span<uint64_t> out) const override {
     for (const auto& r : ranks_) r->ReadOwnGroups(blocks, out);
   }
+  // Rank 0's chunks, then rank 1's, ...
+  void BlockBytes(BlockId b, std::vector<std::span<uint8_t>>* out) override {
+    out->clear();
+    for (auto& r : ranks_) r->AppendBlockBytes(b, out);
+  }
   void OnAllocate(BlockId, TransferId) override {}
   void OnFree(BlockId) override {}
   void OnReset() override {

@@ -220,7 +220,7 @@ void Engine::CacheBlocks(Request& r, uint32_t from, uint32_t to) {
 // A request that wants one token only reads it now, as P did.
 bool Engine::CarriedTokenDue(const Request& r) const {
   return options_.producer_first_token && r.producer_token != kNoFirstToken &&
-         r.generated == 0 && r.max_tokens > 1;
+         r.generated == 0 && (r.max_tokens > 1 || !model_->NextTokenFromKv());
 }
 
 // Preempts the newest running request if it is newer than `self`; false

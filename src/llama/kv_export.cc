@@ -587,6 +587,16 @@ Result<std::vector<std::vector<uint8_t>>> CutIntoBlocks(const KvIdentity& id,
   return out;
 }
 
+Result<uint32_t> FramedBlockCount(std::span<const uint8_t> first_block) {
+  if (first_block.size() < kKvFrameHeaderBytes) {
+    return DataLoss("KV block 0 has " + std::to_string(first_block.size()) +
+                    " bytes: shorter than a frame header");
+  }
+  Result<FrameHeader> h = DecodeHeader(first_block);
+  if (!h.ok()) return h.status();
+  return h->blocks;
+}
+
 Result<KvReceived> JoinBlocks(std::span<const std::span<const uint8_t>> blocks,
                               const KvIdentity& expected) {
   if (blocks.empty()) return DataLoss("no KV blocks");

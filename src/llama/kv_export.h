@@ -180,6 +180,12 @@ Result<std::vector<std::vector<uint8_t>>> CutIntoBlocks(const KvIdentity& id,
                                                         std::span<const uint8_t> state,
                                                         size_t block_bytes);
 
+// The number of blocks a frame says it has, read from its first block (as
+// JoinBlocks reads it): a receiver that holds more blocks than the frame
+// used passes JoinBlocks only that many. kInvalidArgument / kFailedPrecondition
+// / kDataLoss as JoinBlocks for the header.
+Result<uint32_t> FramedBlockCount(std::span<const uint8_t> first_block);
+
 struct KvReceived {
   KvIdentity sender;
   uint32_t n_tokens = 0;

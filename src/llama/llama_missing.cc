@@ -3,6 +3,7 @@
 // message instead of the build failing (CMake's KVRELAY_LLAMA_WHY).
 #include "llama/llama_model.h"
 #include "llama/model_maker.h"
+#include "llama/reference_decoder.h"
 
 namespace kvrelay::llama {
 
@@ -15,6 +16,10 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Open(const LlamaModelOptions&) {
 }
 
 Result<std::unique_ptr<LlamaTokenizer>> LlamaTokenizer::Open(const std::string&) {
+  return UnavailableError(Unavailable());
+}
+
+Result<std::unique_ptr<ReferenceDecoder>> ReferenceDecoder::Open(const ReferenceOptions&) {
   return UnavailableError(Unavailable());
 }
 

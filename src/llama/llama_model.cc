@@ -11,6 +11,7 @@
 
 #include "base/check.h"
 #include "engine/sampling.h"
+#include "llama/kv_export.h"
 #include "llama/llama_backend.h"
 
 namespace kvrelay::llama {
@@ -91,6 +92,15 @@ class LlamaModelImpl final : public LlamaModel {
   void Forget(uint64_t key) override;
   void ForgetAll() override;
   Status Reside(const engine::Residency& want) override;
+  Status ExportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+                  engine::KvMemory& memory) override;
+  Status ImportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+                  engine::KvMemory& memory) override;
+  uint64_t Identity() const override { return fingerprint_; }
+  bool NextTokenFromKv() const override { return false; }
+
+  // Measures info_.kv_bytes_per_token / kv_fixed_bytes (Open).
+  Status ProbeKvSize();
 
  private:
   int32_t SeqFor(uint64_t key, uint32_t from);
@@ -107,13 +117,19 @@ class LlamaModelImpl final : public LlamaModel {
   llama_context* ctx_ = nullptr;
   llama_batch batch_;
   ModelInfo info_;
+  uint64_t fingerprint_ = 0;   // ModelFingerprint of the loaded file
   std::unordered_map<uint64_t, int32_t> seq_of_key_;
   std::vector<int32_t> free_seqs_;
   // Run's scratch: out's index per entry, and (entry, row) of the rows
   // whose logits the current llama_decode yields.
   std::vector<int32_t> out_of_entry_;
   std::vector<std::pair<size_t, int32_t>> rows_;
+  std::vector<engine::SeqWork> redo_;   // Run's batch, last positions redone
+  // ExportKv / ImportKv scratch: a block's pieces, block contents.
+  std::vector<std::span<uint8_t>> pieces_;
+  std::vector<std::vector<uint8_t>> joined_;
 };
+
 
 Result<std::string> LlamaModelImpl::FileOf(uint64_t version) const {
   auto it = options_.versions.find(version);
@@ -169,6 +185,11 @@ Status LlamaModelImpl::Reside(const engine::Residency& want) {
     Result<llama_model*> m = LoadWeights(*path, /*vocab_only=*/false);
     if (!m.ok()) return m.status();
     ModelInfo info = InfoOf(*m, *path);
+    Result<uint64_t> fingerprint = ModelFingerprint(*path);
+    if (!fingerprint.ok()) {
+      llama_model_free(*m);
+      return fingerprint.status();
+    }
     if (model_ != nullptr && info.vocab != info_.vocab) {
       llama_model_free(*m);
       return InvalidArgumentError(*path + " has a vocabulary of " + std::to_string(info.vocab) +
@@ -178,7 +199,10 @@ Status LlamaModelImpl::Reside(const engine::Residency& want) {
     FreeContext();
     if (model_ != nullptr) llama_model_free(model_);
     model_ = *m;
+    info.kv_bytes_per_token = info_.kv_bytes_per_token;  // same layout: ProbeKvSize's
+    info.kv_fixed_bytes = info_.kv_fixed_bytes;
     info_ = std::move(info);
+    fingerprint_ = *fingerprint;
     loaded_version_ = want.weights_version;
   }
   if (!want.kv) {
@@ -216,22 +240,37 @@ void LlamaModelImpl::Run(std::span<const engine::SeqWork> batch, uint64_t weight
   out_of_entry_.assign(batch.size(), -1);
   int32_t wanting = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    // llama.cpp samples from the logits of a token it computes in this
-    // batch: a token is always wanted right after a computed one.
-    KV_CHECK(!batch[i].wants_token || batch[i].to > batch[i].from);
     if (batch[i].wants_token) out_of_entry_[i] = wanting++;
   }
   KV_CHECK_EQ(static_cast<size_t>(wanting), out.size());
-  BeginBatch();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].prefill && batch[i].to > batch[i].from) AddToBatch(batch, i);
+  // llama.cpp samples from the logits of a token it computes in a batch,
+  // and logits are not part of the KV: a token wanted from KV alone (D
+  // after an import, without P's token) recomputes the last position.
+  redo_.assign(batch.begin(), batch.end());
+  for (engine::SeqWork& w : redo_) {
+    if (!w.wants_token || w.to > w.from) continue;
+    KV_CHECK_GT(w.from, 0u);
+    llama_memory_seq_rm(llama_get_memory(ctx_), SeqFor(w.key, w.from), w.from - 1, -1);
+    --w.from;
   }
-  DecodeAndSample(batch, out);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].prefill || batch[i].to == batch[i].from) continue;
+  const std::span<const engine::SeqWork> work(redo_);
+  BeginBatch();
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (work[i].prefill || work[i].to == work[i].from) continue;
+    // More decode tokens than llama.cpp's batch (D's imports can take the
+    // running count past max_running): another llama_decode.
+    if (batch_.n_tokens + (work[i].to - work[i].from) > options_.batch_tokens) {
+      DecodeAndSample(work, out);
+      BeginBatch();
+    }
+    AddToBatch(work, i);
+  }
+  DecodeAndSample(work, out);
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (!work[i].prefill || work[i].to == work[i].from) continue;
     BeginBatch();
-    AddToBatch(batch, i);
-    DecodeAndSample(batch, out);
+    AddToBatch(work, i);
+    DecodeAndSample(work, out);
   }
 }
 
@@ -296,6 +335,123 @@ void LlamaModelImpl::ForgetAll() {
   }
 }
 
+// Two tokens in sequence 0 of the fresh context, exported: the state's
+// bytes per token and fixed bytes, whatever the cache's types and layout.
+Status LlamaModelImpl::ProbeKvSize() {
+  KV_CHECK(ctx_ != nullptr && seq_of_key_.empty());
+  BeginBatch();
+  for (int32_t t = 0; t < 2; ++t) {
+    batch_.token[t] = std::min<llama_token>(t, static_cast<llama_token>(info_.vocab) - 1);
+    batch_.pos[t] = t;
+    batch_.n_seq_id[t] = 1;
+    batch_.seq_id[t][0] = 0;
+    batch_.logits[t] = 0;
+  }
+  batch_.n_tokens = 2;
+  if (llama_decode(ctx_, batch_) != 0) return InternalError("llama.cpp could not decode a probe");
+  Result<std::vector<uint8_t>> state = ExportSequence(ctx_, 0);
+  llama_memory_clear(llama_get_memory(ctx_), /*data=*/false);
+  batch_.n_tokens = 0;
+  if (!state.ok()) return state.status();
+  Result<KvStateInfo> described = DescribeState(*state);
+  if (!described.ok()) return described.status();
+  info_.kv_bytes_per_token = described->bytes_per_token;
+  info_.kv_fixed_bytes = described->fixed_bytes;
+  return Status::Ok();
+}
+
+// The sequence's state, framed, written across the blocks' pieces in
+// order (engine/kv_memory.h BlockBytes); blocks past the frame's are left
+// as they are (D reads the frame's count from its header).
+Status LlamaModelImpl::ExportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+                                engine::KvMemory& memory) {
+  if (ctx_ == nullptr) return FailedPreconditionError("the KV context is not resident");
+  auto it = seq_of_key_.find(key);
+  if (it == seq_of_key_.end() || blocks.empty()) {
+    return FailedPreconditionError("no KV to export for this request");
+  }
+  Result<std::vector<uint8_t>> state = ExportSequence(ctx_, it->second);
+  if (!state.ok()) return state.status();
+  Result<KvStateInfo> described = DescribeState(*state);
+  if (!described.ok()) return described.status();
+  if (described->n_tokens != n_tokens || described->pos_min != 0 ||
+      described->pos_max + 1 != static_cast<int32_t>(n_tokens)) {
+    return InternalError("the sequence holds " + std::to_string(described->n_tokens) +
+                         " tokens (positions " + std::to_string(described->pos_min) + ".." +
+                         std::to_string(described->pos_max) + "), not the prompt's " +
+                         std::to_string(n_tokens));
+  }
+  memory.BlockBytes(blocks[0], &pieces_);
+  size_t block_bytes = 0;
+  for (const auto& p : pieces_) block_bytes += p.size();
+  if (block_bytes < kKvFrameHeaderBytes) {
+    return FailedPreconditionError("the engine's blocks hold no bytes for llama.cpp's KV");
+  }
+  const size_t needed = BlocksFor(state->size(), block_bytes);
+  if (needed > blocks.size()) {
+    return ResourceExhaustedError(std::to_string(state->size()) + " bytes of KV need " +
+                                  std::to_string(needed) + " blocks of " +
+                                  std::to_string(block_bytes) + " bytes; the request has " +
+                                  std::to_string(blocks.size()));
+  }
+  Result<std::vector<std::vector<uint8_t>>> framed =
+      CutIntoBlocks(LocalIdentity(fingerprint_), *state, block_bytes);
+  if (!framed.ok()) return framed.status();
+  KV_CHECK_EQ(framed->size(), needed);
+  for (size_t b = 0; b < needed; ++b) {
+    memory.BlockBytes(blocks[b], &pieces_);
+    size_t at = 0;
+    for (const auto& p : pieces_) {
+      std::copy_n((*framed)[b].data() + at, p.size(), p.data());
+      at += p.size();
+    }
+    KV_CHECK_EQ(at, block_bytes);
+  }
+  return Status::Ok();
+}
+
+Status LlamaModelImpl::ImportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+                                engine::KvMemory& memory) {
+  if (ctx_ == nullptr) return FailedPreconditionError("the KV context is not resident");
+  KV_CHECK(seq_of_key_.find(key) == seq_of_key_.end());
+  if (blocks.empty()) return DataLossError("no KV blocks");
+  auto gather = [&](BlockId b, std::vector<uint8_t>* out) {
+    memory.BlockBytes(b, &pieces_);
+    out->clear();
+    for (const auto& p : pieces_) out->insert(out->end(), p.begin(), p.end());
+  };
+  joined_.resize(std::max<size_t>(joined_.size(), 1));
+  gather(blocks[0], &joined_[0]);
+  Result<uint32_t> count = FramedBlockCount(joined_[0]);
+  if (!count.ok()) return count.status();
+  if (*count == 0 || *count > blocks.size()) {
+    return DataLossError("the KV frame says " + std::to_string(*count) + " blocks; " +
+                         std::to_string(blocks.size()) + " landed");
+  }
+  if (joined_.size() < *count) joined_.resize(*count);
+  std::vector<std::span<const uint8_t>> spans;
+  spans.reserve(*count);
+  for (uint32_t b = 0; b < *count; ++b) {
+    if (b > 0) gather(blocks[b], &joined_[b]);
+    spans.emplace_back(joined_[b]);
+  }
+  Result<KvReceived> received = JoinBlocks(spans, LocalIdentity(fingerprint_));
+  if (!received.ok()) return received.status();
+  if (received->n_tokens != n_tokens || received->pos_min != 0 ||
+      received->pos_max + 1 != static_cast<int32_t>(n_tokens)) {
+    return FailedPreconditionError("the KV holds " + std::to_string(received->n_tokens) +
+                                   " tokens; the prompt has " + std::to_string(n_tokens));
+  }
+  if (free_seqs_.empty()) {
+    return ResourceExhaustedError("no free llama.cpp sequence for the loaded KV");
+  }
+  const int32_t seq = free_seqs_.back();
+  if (Status s = ImportSequence(ctx_, seq, received->state); !s.ok()) return s;
+  free_seqs_.pop_back();
+  seq_of_key_.emplace(key, seq);
+  return Status::Ok();
+}
+
 class LlamaTokenizerImpl final : public LlamaTokenizer {
  public:
   explicit LlamaTokenizerImpl(llama_model* m)
@@ -346,12 +502,6 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Open(const LlamaModelOptions& op
     return InvalidArgumentError("llama.cpp runs 1 to " + std::to_string(kMaxSequences) +
                                 " sequences at once (--max-running)");
   }
-  if (options.batch_tokens < options.max_sequences) {
-    return InvalidArgumentError("a step's decode tokens (one per running request, " +
-                                std::to_string(options.max_sequences) +
-                                ") must fit llama.cpp's batch of " +
-                                std::to_string(options.batch_tokens) + " tokens");
-  }
   if (options.batch_tokens == 0 || options.context_tokens < options.batch_tokens) {
     return InvalidArgumentError("the KV context (" + std::to_string(options.context_tokens) +
                                 " tokens) must hold one batch (" +
@@ -360,6 +510,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Open(const LlamaModelOptions& op
   auto model = std::make_unique<LlamaModelImpl>(options);
   Status s = model->Reside(engine::Residency{true, true, 1});
   if (!s.ok()) return s;
+  if (s = model->ProbeKvSize(); !s.ok()) return s;
   return std::unique_ptr<LlamaModel>(std::move(model));
 }
 

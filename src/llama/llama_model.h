@@ -13,6 +13,13 @@
 // cache. There is no prefix cache: a sequence's KV lives in its own cells
 // (SharesBlocks() is false; the engine runs with prefix caching off).
 //
+// P/D: ExportKv frames a finished prefill's sequence state (kv_export.h)
+// into the request's blocks; ImportKv joins the blocks that landed on D,
+// checks the sender's identity (this weights file's XXH64, llama.cpp's
+// version) and imports them into a free sequence. Identity() is the
+// loaded file's fingerprint, so P and D serving different files refuse
+// each other's KV at the first pull.
+//
 // Lifecycle: Reside() frees the KV context (sleep 1, release), also the
 // weights (sleep 2), and loads them back (wake_up) or loads another GGUF
 // (update_weights: version 1 is --model, others come from `versions`).
@@ -26,6 +33,7 @@
 // and safe from any thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +44,7 @@
 
 #include "base/result.h"
 #include "engine/compute_model.h"
+#include "llama/kv_export.h"
 
 namespace kvrelay::llama {
 
@@ -47,9 +56,11 @@ struct LlamaModelOptions {
   std::map<uint64_t, std::string> versions;  // update_weights version → GGUF
   uint32_t threads = 2;                      // llama.cpp's compute threads
   uint32_t context_tokens = 4096;            // KV cells: num_blocks × block_tokens
-  uint32_t max_sequences = 32;               // the engine's max_running (≤ 256)
-  // llama.cpp's n_batch: a prefill chunk's most tokens, and room for one
-  // decode token per running request (>= max_sequences). The engine's
+  // Sequences at once (≤ 256): the engine's max_running, more on D, where
+  // loads that land join the running requests whatever their count.
+  uint32_t max_sequences = 32;
+  // llama.cpp's n_batch: a prefill chunk's most tokens; decode tokens
+  // beyond it go in a second llama_decode of the same step. The engine's
   // token budget should hold one chunk and every decode token of a step:
   // batch_tokens + max_sequences.
   uint32_t batch_tokens = 512;
@@ -64,7 +75,41 @@ struct ModelInfo {
   uint32_t layers = 0, embd = 0, heads = 0, kv_heads = 0;
   uint32_t context_train = 0;
   uint64_t params = 0;
+  // P/D: the KV one sequence exports (kv_export.h), measured at Open by
+  // exporting a probe: bytes per token and the fixed rest. A block that
+  // carries it needs KvBlockBytes(block_tokens).
+  uint64_t kv_bytes_per_token = 0;
+  uint64_t kv_fixed_bytes = 0;
+  // Bytes a block of `block_tokens` tokens must hold so that any sequence
+  // of n tokens, framed (kKvFrameHeaderBytes), fits the ceil(n /
+  // block_tokens) blocks the engine gives it.
+  // (The worst case is a sequence of exactly block_tokens tokens: one
+  // block holds the header, the fixed bytes and a full block of tokens.)
+  uint64_t KvBlockBytes(uint32_t block_tokens) const {
+    return uint64_t{block_tokens} * kv_bytes_per_token + kv_fixed_bytes + kKvFrameHeaderBytes;
+  }
 };
+
+// The engine's shape for a llama.cpp model: its blocks carry llama.cpp's
+// sequence state as opaque bytes (kv_export.h), one layer of K|V pieces per
+// head group, each block at least info.KvBlockBytes(block_tokens); the
+// vocabulary and context are the model's (context at most `context_tokens`).
+inline engine::ModelShape ShapeFor(const ModelInfo& info, uint32_t block_tokens,
+                                   uint32_t context_tokens) {
+  engine::ModelShape shape;
+  shape.name = info.name;
+  shape.layers = 1;
+  shape.kv_heads = engine::kHeadGroups;
+  shape.dtype_bytes = 2;
+  shape.block_tokens = block_tokens;
+  const uint64_t bytes_per_dim = uint64_t{2} * engine::kHeadGroups * block_tokens * 2;
+  shape.head_dim = static_cast<uint32_t>(
+      (info.KvBlockBytes(block_tokens) + bytes_per_dim - 1) / bytes_per_dim);
+  shape.vocab = info.vocab;
+  shape.max_context =
+      info.context_train > 0 ? std::min(context_tokens, info.context_train) : context_tokens;
+  return shape;
+}
 
 class LlamaModel : public engine::ComputeModel {
  public:

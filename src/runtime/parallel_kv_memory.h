@@ -40,6 +40,9 @@ class ParallelKvMemory final : public engine::KvMemory {
   }
   uint64_t Read(BlockId b, uint32_t group) const override { return inner_->Read(b, group); }
   void ReadBlocks(std::span<const BlockId> blocks, std::span<uint64_t> out) const override;
+  void BlockBytes(BlockId b, std::vector<std::span<uint8_t>>* out) override {
+    inner_->BlockBytes(b, out);
+  }
   void OnAllocate(BlockId b, TransferId owner) override { inner_->OnAllocate(b, owner); }
   void OnFree(BlockId b) override { inner_->OnFree(b); }
   void OnReset() override { inner_->OnReset(); }

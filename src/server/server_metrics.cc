@@ -177,6 +177,14 @@ ServerMetrics::ServerMetrics() {
           "requests ended with an error for producing no token within --max-queue-wait-s "
           "(queued behind a pause or a sleep)",
           {}, [s] { return s->engine.queue_wait_expired; });
+  counter("kvrelay_kv_exports_failed_total",
+          "P: hand-offs ended as aborted because the model could not copy its KV into the "
+          "blocks (llama.cpp engines)",
+          {}, [s] { return s->engine.exports_failed; });
+  counter("kvrelay_kv_imports_failed_total",
+          "D: loads that landed but whose KV the model refused (another model's file, a "
+          "corrupted or cut frame; llama.cpp engines): recomputed or failed by policy",
+          {}, [s] { return s->engine.imports_failed; });
   const char* kTrHelp = "live sends (P), by state, summed over ranks";
   for (SendState st : {SendState::kWaiting, SendState::kReady, SendState::kDone}) {
     gauge("kvrelay_transfers", kTrHelp, {{"state", SendStateName(st)}}, [s, st] {

@@ -669,8 +669,9 @@ TEST(LlamaServeTest, LifecycleCallsUnderLoad) {
         if (ref.empty() || ref[0] != o.ids[0]) {
           const std::vector<float> l = LogitsAfter(path, o.prompt);
           const float top = l.empty() ? 0 : *std::max_element(l.begin(), l.end());
-          if (!l.empty() && o.ids[0] < l.size() && l[o.ids[0]] >= top - 1e-3f) ++near_ties;
-          if (++first_off <= 3) {
+          const bool near_tie = !l.empty() && o.ids[0] < l.size() && l[o.ids[0]] >= top - 1e-3f;
+          near_ties += near_tie ? 1 : 0;
+          if (++first_off <= 3 && !near_tie) {
             ADD_FAILURE() << "first token " << o.ids[0] << " (logit "
                           << (o.ids[0] < l.size() ? l[o.ids[0]] : -1) << "), llama.cpp alone "
                           << (ref.empty() ? -1 : static_cast<int64_t>(ref[0])) << " (logit "
@@ -696,7 +697,10 @@ TEST(LlamaServeTest, LifecycleCallsUnderLoad) {
                                   " first token a near tie)").c_str());
     std::fflush(stdout);
     EXPECT_EQ(problems, 0u);
-    EXPECT_EQ(first_off, 0u);
+    // A first token off only in a near tie (within 1e-3 of llama.cpp's top
+    // logit): seen once in ~35 greedy outputs under a pause's load, 1.2e-4
+    // apart (docs/llama.md, "Correctness against llama.cpp alone").
+    EXPECT_EQ(first_off, near_ties) << "a first token off by more than a near tie";
     if (call.aborts) {
       EXPECT_GT(aborted, 0u) << "nothing was aborted: was anything in flight?";
     } else {
@@ -773,10 +777,8 @@ TEST(LlamaServeTest, RefusedFlagSetsExitNonZeroWithAMessage) {
   };
   const std::vector<Case> cases = {
       {"no --model", {"--role", "plain"}, "kvrelay serve: --engine llama needs --model FILE.gguf"},
-      {"--role prefill", {"--role", "prefill", "--model", v1},
-       "kvrelay serve: --engine llama serves --role plain"},
-      {"the default role (both)", {"--model", v1},
-       "kvrelay serve: --engine llama serves --role plain"},
+      {"--tp 2 on a prefill engine", {"--role", "prefill", "--model", v1, "--tp", "2"},
+       "kvrelay serve: --engine llama runs with --tp 1"},
       {"a missing file", {"--role", "plain", "--model", missing},
        "kvrelay serve: model file " + missing + " does not exist"},
       {"not a GGUF file", {"--role", "plain", "--model", not_gguf},
@@ -819,6 +821,138 @@ TEST(LlamaServeTest, RefusedFlagSetsExitNonZeroWithAMessage) {
     std::printf("[exit %d, %.2f s] %-34s %s\n", WEXITSTATUS(st), SecondsSince(t0), c.name,
                 last.c_str());
   }
+}
+
+// --- P/D: llama.cpp engines behind the router ----------------------------------------
+
+struct PdCluster {
+  std::unique_ptr<Engine> p, d;
+  std::unique_ptr<Router> router;
+};
+
+PdCluster StartPd(const std::string& p_model, const std::string& d_model,
+                  const std::string& transport, const std::vector<std::string>& d_more = {}) {
+  PdCluster c;
+  for (bool prefill : {true, false}) {
+    EngineConfig cfg;
+    cfg.name = prefill ? "P" : "D";
+    cfg.role = prefill ? "prefill" : "decode";
+    cfg.transport = transport;
+    cfg.extra = {"--engine", "llama", "--model", prefill ? p_model : d_model, "--threads",
+                 std::to_string(kThreads)};
+    if (!prefill) cfg.extra.insert(cfg.extra.end(), d_more.begin(), d_more.end());
+    std::string err;
+    (prefill ? c.p : c.d) = Engine::Start(cfg, &err);
+    EXPECT_NE(prefill ? c.p : c.d, nullptr) << err;
+    if (!(prefill ? c.p : c.d)) return c;
+  }
+  std::string err;
+  c.router = Router::Start({UrlOf(c.p->http_port())}, {UrlOf(c.d->http_port())}, {}, &err);
+  EXPECT_NE(c.router, nullptr) << err;
+  return c;
+}
+
+struct PdJob {
+  Tokens prompt;
+  uint32_t n = 0;
+  std::optional<double> temperature;
+  std::optional<int64_t> seed;
+  Choice got;
+  std::string problem;
+};
+
+// Every job through the router, `clients` at a time.
+void RunThroughRouter(Router& router, std::vector<PdJob>& jobs, size_t clients) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < clients; ++t) {
+    threads.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        PdJob& j = jobs[i];
+        const HttpReply r = PostOn(router.port(), "/v1/completions",
+                                   Request(j.prompt, j.n, j.temperature, j.seed).dump());
+        j.got = ChoiceOf(r);
+        if (!j.got.ok) j.problem = Describe(r);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::vector<PdJob> PdJobs(std::mt19937_64& rng, size_t n) {
+  std::vector<PdJob> jobs;
+  const size_t lens[] = {1, 15, 16, 17, 40, 100, 300, 600};
+  for (size_t i = 0; i < n; ++i) {
+    PdJob j;
+    j.prompt = Prompt(rng, lens[i % std::size(lens)]);
+    j.n = 4 + static_cast<uint32_t>(rng() % 13);
+    if (i % 3 == 1) {
+      j.temperature = 0.8;
+      j.seed = static_cast<int64_t>(rng() % 1000);
+    } else {
+      j.temperature = 0.0;
+    }
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+// Outputs through P and D, against llama.cpp alone on the same file: the
+// first token always exact (it is P's, computed alone); whole outputs
+// counted, as for one engine under load (a near tie in a shared decode
+// batch may go the other way). Every load ok, every first token P's.
+TEST(LlamaPdServeTest, OutputsThroughTheRouterEqualLlamaCppAlone) {
+  ASSERT_TRUE(Models::ready());
+  const std::string model = Models::Path("v1");
+  for (const char* transport : {"shm", "tcp", "ucx"}) {
+    SCOPED_TRACE(transport);
+    PdCluster c = StartPd(model, model, transport);
+    ASSERT_TRUE(c.router);
+    std::mt19937_64 rng(TestSeed());
+    std::vector<PdJob> jobs = PdJobs(rng, 24);
+    RunThroughRouter(*c.router, jobs, 6);
+    size_t exact = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const PdJob& j = jobs[i];
+      ASSERT_TRUE(j.got.ok) << "job " << i << ": " << j.problem;
+      const Tokens want = Reference(
+          model, j.prompt, j.n,
+          engine::Sampling{static_cast<float>(j.temperature.value_or(1.0)),
+                           static_cast<uint64_t>(j.seed.value_or(0))});
+      ASSERT_EQ(j.got.tokens.size(), j.n);
+      EXPECT_EQ(j.got.tokens[0], want[0]) << "job " << i << ": prompt of " << j.prompt.size();
+      exact += j.got.tokens == want ? 1 : 0;
+    }
+    std::printf("[pd %s] %zu of %zu outputs whole-exact, every first token exact\n", transport,
+                exact, jobs.size());
+    EXPECT_GE(exact * 4, jobs.size() * 3) << "most outputs are whole-exact";
+    const std::string dm = c.d->Metrics();
+    EXPECT_EQ(MetricSum(dm, "kvrelay_loads_total", R"(outcome="ok")"), jobs.size());
+    EXPECT_EQ(MetricSum(dm, "kvrelay_kv_imports_failed_total"), 0);
+    EXPECT_EQ(MetricSum(dm, "kvrelay_first_tokens_from_producer_total"), jobs.size());
+    EXPECT_EQ(MetricSum(c.p->Metrics(), "kvrelay_kv_exports_failed_total"), 0);
+  }
+}
+
+// D serves another file than P: the fingerprints differ, P refuses D's
+// pulls, D computes every prompt itself, and its outputs are its own
+// model's.
+TEST(LlamaPdServeTest, DServingAnotherFileComputesThePromptItself) {
+  ASSERT_TRUE(Models::ready());
+  PdCluster c = StartPd(Models::Path("v1"), Models::Path("v2"), "shm");
+  ASSERT_TRUE(c.router);
+  std::mt19937_64 rng(TestSeed());
+  std::vector<PdJob> jobs = PdJobs(rng, 6);
+  for (PdJob& j : jobs) j.temperature = 0.0;
+  RunThroughRouter(*c.router, jobs, 3);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(jobs[i].got.ok) << jobs[i].problem;
+    EXPECT_EQ(jobs[i].got.tokens[0], Reference(Models::Path("v2"), jobs[i].prompt, 1)[0])
+        << "job " << i;
+  }
+  const std::string dm = c.d->Metrics();
+  EXPECT_EQ(MetricSum(dm, "kvrelay_loads_total", R"(outcome="ok")"), 0);
+  EXPECT_EQ(MetricSum(dm, "kvrelay_loads_total", R"(outcome="failed")"), jobs.size());
 }
 
 // --- a known limitation, kept as its reproduction ------------------------------------

@@ -1,0 +1,58 @@
+// llama_checker.cc — LlamaChecker: outputs against llama.cpp alone.
+#include "cli/llama_checker.h"
+
+#include "llama/llama_model.h"
+
+namespace kvrelay::cli {
+
+Result<std::shared_ptr<LlamaChecker>> LlamaChecker::Open(std::map<uint64_t, std::string> files,
+                                                         uint32_t threads) {
+  if (files.count(1) == 0) return InvalidArgumentError("no model file for weights version 1");
+  Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(files.at(1));
+  if (!tok.ok()) return tok.status();
+  std::shared_ptr<LlamaChecker> c(new LlamaChecker());
+  c->files_ = std::move(files);
+  c->threads_ = threads;
+  c->vocab_ = (*tok)->vocab();
+  return c;
+}
+
+std::string LlamaChecker::Check(std::span<const engine::Token> prompt,
+                                std::span<const engine::Token> out,
+                                std::span<const uint64_t> versions, bool* whole_exact) {
+  *whole_exact = false;
+  if (out.empty()) return "no tokens";
+  if (versions.size() != out.size()) return "a weights version per token missing";
+  const uint64_t v = versions[0];
+  auto file = files_.find(v);
+  if (file == files_.end()) return "no model file for weights version " + std::to_string(v);
+  std::vector<engine::Token> want;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_ptr<llama::ReferenceDecoder>& d = decoders_[v];
+    if (!d) {
+      llama::ReferenceOptions ro;
+      ro.model_path = file->second;
+      ro.threads = threads_;
+      Result<std::unique_ptr<llama::ReferenceDecoder>> r = llama::ReferenceDecoder::Open(ro);
+      if (!r.ok()) return "reference decoder: " + r.status().message();
+      d = std::move(*r);
+    }
+    // The load's requests: temperature 1, seed 0 (the server's defaults),
+    // ignore_eos.
+    want = d->Generate(prompt, static_cast<uint32_t>(out.size()), engine::Sampling{1.0f, 0},
+                       /*ignore_eos=*/true);
+  }
+  if (want.empty() || out[0] != want[0]) {
+    return "first token " + std::to_string(out[0]) + ", llama.cpp alone gives " +
+           (want.empty() ? std::string("none") : std::to_string(want[0])) + " (weights v" +
+           std::to_string(v) + ")";
+  }
+  bool one_version = true;
+  for (uint64_t x : versions) one_version = one_version && x == v;
+  *whole_exact = one_version && want.size() == out.size() &&
+                 std::equal(want.begin(), want.end(), out.begin());
+  return "";
+}
+
+}  // namespace kvrelay::cli
