@@ -530,6 +530,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   std::vector<double> ttft, tpot, e2e;
   rep.requests = 0;
   if (o.checker != nullptr) rep.whole_exact = 0;
+  if (o.checker != nullptr) rep.checker_summary = o.checker->Summary();
   for (uint32_t i = 0; i < o.requests; ++i) {
     if (!started[i]) continue;
     ++rep.requests;
@@ -621,7 +622,12 @@ LoadReport RunLoad(const LoadOptions& o) {
       const uint64_t v = vers.empty() ? 1 : vers.front();
       bool exact = false;
       if (o.checker != nullptr) {
-        exact = o.checker->Check(spec.prompt, ids, vers, &exact).empty() && exact;
+        // The checker's rule (first token llama.cpp's; the rest may part
+        // at a near tie, as under load: a P still holding an earlier
+        // probe's sequence moves where this one's cells land).
+        bool whole = false;
+        exact = ids.size() == spec.max_tokens &&
+                o.checker->Check(spec.prompt, ids, vers, &whole).empty();
       } else {
         exact = ids == engine::Reference(spec.prompt, v, spec.max_tokens, shape);
       }
@@ -634,7 +640,8 @@ LoadReport RunLoad(const LoadOptions& o) {
   }
   rep.probes_ok = probes_ok;
   rep.probes = o.probes;
-  check("probes give exactly Reference(...)", probes_ok == o.probes,
+  check(o.checker != nullptr ? "probes pass the checker" : "probes give exactly Reference(...)",
+        probes_ok == o.probes,
         std::to_string(probes_ok) + "/" + std::to_string(o.probes) +
             (probe_why.empty() ? "" : " (" + probe_why + ")"));
   return rep;
@@ -663,9 +670,9 @@ std::string FormatLoadReport(const LoadReport& r) {
   s += line;
   if (r.whole_exact >= 0) {
     std::snprintf(line, sizeof line,
-                  "  of the %u outputs: every first token exact, %lld equal to the reference "
-                  "token for token\n",
-                  r.ok, static_cast<long long>(r.whole_exact));
+                  "  of the %u outputs: %lld equal to the reference token for token%s%s\n",
+                  r.ok, static_cast<long long>(r.whole_exact),
+                  r.checker_summary.empty() ? "" : "; ", r.checker_summary.c_str());
     s += line;
   }
   std::snprintf(line, sizeof line,
@@ -729,6 +736,7 @@ std::string LoadReportJson(const LoadReport& r) {
               {"checks", checks},
               {"probes_ok", r.probes_ok},
               {"whole_exact", r.whole_exact},
+              {"checker_summary", r.checker_summary},
               {"probes", r.probes},
               {"passed", r.passed()}}
       .dump(2);

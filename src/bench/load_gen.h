@@ -45,6 +45,8 @@ class OutputChecker {
   virtual std::string Check(std::span<const engine::Token> prompt,
                             std::span<const engine::Token> out,
                             std::span<const uint64_t> versions, bool* whole_exact) = 0;
+  // One line on what it accepted beyond exact outputs, for the report.
+  virtual std::string Summary() const { return ""; }
 };
 
 struct LoadOptions {
@@ -71,7 +73,7 @@ struct LoadOptions {
   std::string auth_token_file;  // --auth-token-file; RunLoadCommand reads it into auth_token
   // Null: outputs are the emulated model's (CheckOutput, Reference, the
   // shape /kv_info names). Set: requests ask ignore_eos (outputs of
-  // max_tokens), outputs and probes are judged by it, probes whole-exact.
+  // max_tokens), outputs and probes are judged by it.
   std::shared_ptr<OutputChecker> checker;
 };
 
@@ -116,6 +118,7 @@ struct LoadReport {
   std::vector<std::pair<std::string, int64_t>> blocks_left;  // per engine, after the load
   uint32_t probes_ok = 0, probes = 0;
   int64_t whole_exact = -1;         // with a checker: ok outputs equal to its reference
+  std::string checker_summary;      // with a checker: its Summary()
   bool passed() const;
 };
 

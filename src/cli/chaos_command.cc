@@ -179,6 +179,7 @@ void RegisterChaos(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", r.seed, "load seed (each case adds its number)")->capture_default_str();
   cmd->add_option("--concurrency", r.concurrency, "client requests in flight")->capture_default_str();
+  AddLlamaClusterFlags(cmd, &r.llama);
   cmd->add_option("--load-s", r.load_s, "requests start for this long in each case")
       ->capture_default_str();
   cmd->add_option("--fault-at-s", r.fault_at_s, "when the fault lands, from the load's start")

@@ -64,12 +64,14 @@ std::string LiveOf(const std::string& url) {
 
 // Probes through the router from now until one is served with the model's
 // output and (require_kv) D completed a KV load since; seconds, or -1.
+// With a checker (llama.cpp engines) the output is judged by it.
 double MeasureRecovery(const std::string& router, const std::string& d_url, bool require_kv,
-                       double limit_s, uint64_t seed) {
+                       double limit_s, uint64_t seed, OutputChecker* checker) {
   const Clock::time_point t0 = Clock::now();
   const double base = require_kv ? LoadsOk(d_url) : 0;
   engine::ModelShape shape;
   engine::ModelShapeByName("tiny", &shape);
+  if (checker != nullptr) shape.vocab = checker->vocab();
   const http::Client cli(router, http::ClientOptions::Timeouts(Duration::Seconds(1),
                                                                Duration::Seconds(10)));
   bool served = false;
@@ -82,12 +84,19 @@ double MeasureRecovery(const std::string& router, const std::string& d_url, bool
         prompt.push_back(static_cast<engine::Token>(1 + prng.Uniform(shape.vocab - 1)));
       }
       json body = {{"prompt", prompt}, {"max_tokens", 4}};
+      if (checker != nullptr) body["ignore_eos"] = true;
       auto r = cli.Post("/v1/completions", body.dump());
       if (r.ok() && r->status == 200) {
         json j = json::parse(r->body, nullptr, false);
         if (!j.is_discarded() && j.contains("choices")) {
           const auto ids = j["choices"][0].value("token_ids", std::vector<engine::Token>{});
-          served = ids == engine::Reference(prompt, 1, 4, shape);
+          if (checker != nullptr) {
+            const auto vers = j["choices"][0].value("weights_versions", std::vector<uint64_t>{});
+            bool exact = false;
+            served = ids.size() == 4 && checker->Check(prompt, ids, vers, &exact).empty();
+          } else {
+            served = ids == engine::Reference(prompt, 1, 4, shape);
+          }
         }
       }
     }
@@ -179,8 +188,11 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
                            "--debug-fail-writes-seed", std::to_string(o.seed)});
   }
   co.router_args = {"--upstream-idle-timeout-s", "20"};
+  LoadOptions llama_load;   // --engine llama: its checker
   LocalCluster cluster;
-  if (Status s = cluster.Start(co); !s.ok()) {
+  Status started = SetUpLlamaCluster(o.llama, o.logs, &co, &llama_load);
+  if (started.ok()) started = cluster.Start(co);
+  if (const Status& s = started; !s.ok()) {
     m.setup_error = s.message();
     cluster.Stop();
     return finish();
@@ -193,6 +205,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
 
   EngineMonitor monitor({p_url, d_url}, 0.2);
   LoadOptions lo;
+  lo.checker = llama_load.checker;
   lo.url = cluster.router_url();
   lo.engines = {p_url, d_url};
   lo.requests = 20000;
@@ -300,7 +313,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   m.cut_off_allowed = c.kind == FaultKind::kKillRouter;
   if (fault_end_s >= 0 && m.setup_error.empty()) {
     m.recover_s = MeasureRecovery(cluster.router_url(), d_url, true, o.recover_bound_s + 5,
-                                  o.seed * 1000 + static_cast<uint64_t>(index));
+                                  o.seed * 1000 + static_cast<uint64_t>(index), lo.checker.get());
   }
   load_thread.join();
   monitor.Stop();
@@ -332,7 +345,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     // cluster serve KV hand-offs again.
     if (!cut->Heal()) m.setup_error = "nft could not remove the partition";
     m.recover_s = MeasureRecovery(cluster.router_url(), d_url, true, o.recover_bound_s + 5,
-                                  o.seed * 1000 + static_cast<uint64_t>(index));
+                                  o.seed * 1000 + static_cast<uint64_t>(index), lo.checker.get());
     row.fault_detail += "; removed after the checks";
   }
   cut.reset();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/chaos_verdict.h"
+#include "cli/llama_cluster.h"
 
 namespace kvrelay::cli {
 
@@ -59,6 +60,7 @@ struct ChaosOptions {
   double peer_dead_after_s = 5;
   double slack_s = 3;                  // scheduling slack on every bound
   double recover_bound_s = 15;
+  LlamaClusterFlags llama;             // --engine, --model, --threads
 };
 
 struct ChaosRow {

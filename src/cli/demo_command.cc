@@ -5,14 +5,11 @@
 
 #include <cstdio>
 #include <ctime>
-#include <filesystem>
 #include <memory>
 
 #include "cli/commands.h"
-#include "cli/llama_checker.h"
-#include "llama/llama_model.h"
+#include "cli/llama_cluster.h"
 #include "cli/local_cluster.h"
-#include "llama/model_maker.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -26,43 +23,8 @@ struct DemoOptions {
   double step_per_token_us = 20;
   int control_nice = 0;
   int control_slice_us = -1;
-  std::string engine = "emulated";   // emulated | llama
-  std::string model;                 // --engine llama: the GGUF (default: made in the logs)
-  uint32_t threads = 1;              // --engine llama: llama.cpp threads per engine
+  LlamaClusterFlags llama;           // --engine, --model, --threads
 };
-
-// --engine llama: the engines serve `d.model` (made first, in the logs
-// folder, when none is given), the load is judged against llama.cpp alone.
-Status SetUpLlamaDemo(const DemoOptions& d, ClusterOptions* c, LoadOptions* o) {
-  if (d.engine == "emulated") {
-    if (!d.model.empty()) return InvalidArgumentError("--model needs --engine llama");
-    return Status::Ok();
-  }
-  if (d.engine != "llama") {
-    return InvalidArgumentError("--engine must be emulated or llama, not '" + d.engine + "'");
-  }
-  if (std::string why = llama::Unavailable(); !why.empty()) return UnavailableError(why);
-  if (c->p_tp != 1 || c->d_tp != 1) {
-    return InvalidArgumentError("--engine llama runs with --p-tp 1 and --d-tp 1");
-  }
-  std::string model = d.model;
-  if (model.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(c->logs, ec);
-    model = c->logs + "/made.gguf";
-    llama::MakeModelOptions m;
-    m.out_path = model;
-    if (Status s = llama::MakeModel(m); !s.ok()) return s;
-    std::printf("  made a model: %s (kvrelay make-model's defaults)\n", model.c_str());
-  }
-  Result<std::shared_ptr<LlamaChecker>> checker = LlamaChecker::Open({{1, model}}, d.threads);
-  if (!checker.ok()) return checker.status();
-  o->checker = *checker;
-  c->shape.clear();
-  c->engine_args.insert(c->engine_args.end(), {"--engine", "llama", "--model", model,
-                                               "--threads", std::to_string(d.threads)});
-  return Status::Ok();
-}
 
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
             const std::vector<std::string>& controls, const std::string& json_path) {
@@ -80,10 +42,11 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
   LoadOptions o = load_base;
   std::printf("kvrelay demo: 1P1D on loopback, transport %s, %s %s, P tp %u, D tp %u, "
               "logs in %s\n",
-              c.transport.c_str(), d.engine == "llama" ? "llama.cpp model" : "model shape",
-              d.engine == "llama" ? (d.model.empty() ? "made" : d.model.c_str()) : c.shape.c_str(),
+              c.transport.c_str(), d.llama.engine == "llama" ? "llama.cpp model" : "model shape",
+              d.llama.engine == "llama" ? (d.llama.model.empty() ? "made" : d.llama.model.c_str())
+                                        : c.shape.c_str(),
               c.p_tp, c.d_tp, c.logs.c_str());
-  if (Status s = SetUpLlamaDemo(d, &c, &o); !s.ok()) {
+  if (Status s = SetUpLlamaCluster(d.llama, c.logs, &c, &o); !s.ok()) {
     std::fprintf(stderr, "kvrelay demo: %s\n", s.message().c_str());
     return 2;
   }
@@ -139,16 +102,7 @@ void RegisterDemo(CLI::App& app) {
       ->check(CLI::Range(-1, 100000));
   cmd->add_option("--step-per-token-us", d->step_per_token_us, "modelled compute per token")
       ->capture_default_str();
-  cmd->add_option("--engine", d->engine,
-                  "emulated (the checkable emulated model) | llama (llama.cpp engines; outputs "
-                  "checked against llama.cpp alone: first token exact, whole outputs counted)")
-      ->capture_default_str();
-  cmd->add_option("--model", d->model,
-                  "--engine llama: the GGUF both engines serve (default: one made with "
-                  "make-model's defaults in the logs folder)");
-  cmd->add_option("--threads", d->threads, "--engine llama: llama.cpp threads per engine")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+  AddLlamaClusterFlags(cmd, &d->llama);
   AddLoadFlags(cmd, o.get(), controls.get(), json_path.get());
   cmd->callback([d, o, controls, json_path] {
     SetExitCode(RunDemo(*d, *o, *controls, *json_path));

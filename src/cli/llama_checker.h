@@ -29,17 +29,20 @@ class LlamaChecker final : public OutputChecker {
   // `files`: weights version → GGUF (version 1: the served --model).
   static Result<std::shared_ptr<LlamaChecker>> Open(std::map<uint64_t, std::string> files,
                                                     uint32_t threads);
+  static constexpr double kNearTie = 1e-3;
   uint32_t vocab() const override { return vocab_; }
   std::string Check(std::span<const engine::Token> prompt, std::span<const engine::Token> out,
                     std::span<const uint64_t> versions, bool* whole_exact) override;
+  std::string Summary() const override;
 
  private:
   LlamaChecker() = default;
   std::map<uint64_t, std::string> files_;
   uint32_t threads_ = 1;
   uint32_t vocab_ = 0;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, std::unique_ptr<llama::ReferenceDecoder>> decoders_;  // by version, lazily
+  uint64_t checked_ = 0, near_ties_ = 0;   // under mu_
 };
 
 }  // namespace kvrelay::cli

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/llama_cluster.h"
 #include "cli/local_cluster.h"
 #include "runtime/auth_token.h"
 #include "sim/matrix.h"
@@ -32,6 +33,7 @@ struct MatrixOptions {
   double call_at_s = 0.3;
   std::string transport = "shm";
   std::string shape = "tiny";
+  LlamaClusterFlags llama;   // --engine, --model, --threads
   uint32_t p_tp = 1, d_tp = 1;
   // Slower modelled compute than serve's default, so that at the call's
   // moment requests are prefilling on P, held for a pull, loading and
@@ -217,13 +219,16 @@ int RunMatrix(const MatrixOptions& m, int* passed_out = nullptr, int* failed_out
     co.auth_token_file = m.auth_token_file;
     co.engine_args = {"--kv-mode", m.kv_mode, "--load-failure-policy", m.policy};
     co.router_args = {"--kv-mode", m.kv_mode};
+    LoadOptions llama_load;   // --engine llama: its checker
     LocalCluster cluster;
-    Status s = cluster.Start(co);
+    Status s = SetUpLlamaCluster(m.llama, logs, &co, &llama_load);
+    if (s.ok()) s = cluster.Start(co);
     if (!s.ok()) {
       row.verdict = "FAIL";
       row.why = s.message();
     } else {
       LoadOptions o;
+      o.checker = llama_load.checker;
       o.url = cluster.router_url();
       o.auth_token = auth_token;
       o.requests = m.requests;
@@ -483,6 +488,7 @@ void RegisterMatrix(CLI::App& app) {
                   "whose call aborts nothing must end with 0 errors")
       ->capture_default_str();
   cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
+  AddLlamaClusterFlags(cmd, &m->llama);
   cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();
   cmd->add_option("--d-tp", m->d_tp, "decode tp")->capture_default_str();
   cmd->add_option("--step-per-token-us", m->step_per_token_us, "engines' modelled compute")
@@ -500,7 +506,15 @@ void RegisterMatrix(CLI::App& app) {
                   "configurations): 'all', 'day' (one configuration that changes with the "
                   "day of the year, as CI runs it), or indices 'N' / 'A..B'; the other "
                   "flags set the load");
-  cmd->callback([m] { SetExitCode(m->sweep.empty() ? RunMatrix(*m) : RunSweep(*m)); });
+  cmd->callback([m] {
+    if (!m->sweep.empty() && m->llama.engine != "emulated") {
+      std::fprintf(stderr, "kvrelay matrix: --sweep runs the emulated model's shapes; run "
+                           "--engine llama without it\n");
+      SetExitCode(2);
+      return;
+    }
+    SetExitCode(m->sweep.empty() ? RunMatrix(*m) : RunSweep(*m));
+  });
 }
 
 }  // namespace kvrelay::cli

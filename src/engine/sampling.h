@@ -21,4 +21,13 @@ namespace kvrelay::engine {
 // draw from softmax(logits / temperature). REQUIRES: logits non-empty.
 Token SampleToken(std::span<const float> logits, const Sampling& sampling, uint32_t position);
 
+// True if `other` is what SampleToken draws when `logits` move a little:
+// greedy, its logit is within `margin` of the top one; sampled, its slice
+// of the cumulative sum lies within `margin` (a fraction of the total) of
+// the draw's point. What a near tie is when two computations of the same
+// logits differ in their last bits (the sums' order): a checker may accept
+// such a token and must refuse any other.
+bool WithinDrawMargin(std::span<const float> logits, const Sampling& sampling, uint32_t position,
+                      Token other, double margin);
+
 }  // namespace kvrelay::engine

@@ -58,3 +58,37 @@ TEST(SamplingTest, PositionsDrawIndependently) {
 
 }  // namespace
 }  // namespace kvrelay::engine
+
+namespace kvrelay::engine {
+namespace {
+
+// A near tie is accepted, anything else is not: greedy by logit distance,
+// sampled by the distance of the token's slice from the draw's point.
+TEST(SamplingTest, WithinDrawMarginAcceptsOnlyNearTies) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.99995f, -3.0f, 1.0f};
+  const Sampling greedy{0.0f, 0};
+  EXPECT_EQ(SampleToken(logits, greedy, 7), 1u);
+  EXPECT_TRUE(WithinDrawMargin(logits, greedy, 7, 1, 1e-3));
+  EXPECT_TRUE(WithinDrawMargin(logits, greedy, 7, 2, 1e-3));
+  EXPECT_FALSE(WithinDrawMargin(logits, greedy, 7, 2, 1e-5));
+  EXPECT_FALSE(WithinDrawMargin(logits, greedy, 7, 4, 1e-3));
+  EXPECT_FALSE(WithinDrawMargin(logits, greedy, 7, 9, 1e-3)) << "outside the vocabulary";
+  // Sampled: the drawn token is always within; a neighbour only when the
+  // draw's point sits at its edge, which a small margin rarely covers and
+  // a margin of the whole sum always does.
+  const Sampling s{1.0f, 42};
+  int neighbours_within = 0;
+  for (uint32_t pos = 0; pos < 200; ++pos) {
+    const Token t = SampleToken(logits, s, pos);
+    EXPECT_TRUE(WithinDrawMargin(logits, s, pos, t, 0.0)) << pos;
+    for (Token other = 0; other < logits.size(); ++other) {
+      if (other == t) continue;
+      EXPECT_TRUE(WithinDrawMargin(logits, s, pos, other, 1.0));
+      neighbours_within += WithinDrawMargin(logits, s, pos, other, 1e-3) ? 1 : 0;
+    }
+  }
+  EXPECT_LT(neighbours_within, 10) << "a margin of 1e-3 takes only draws at a slice's edge";
+}
+
+}  // namespace
+}  // namespace kvrelay::engine

@@ -49,6 +49,19 @@ class ReferenceDecoderImpl final : public ReferenceDecoder {
     return out;
   }
 
+  std::vector<float> LogitsAfter(std::span<const engine::Token> prompt) override {
+    llama_memory_clear(llama_get_memory(ctx_), false);
+    std::vector<llama_token> seq(prompt.begin(), prompt.end());
+    for (size_t done = 0; done < seq.size();) {
+      const size_t end = std::min(seq.size(), done + batch_tokens_);
+      llama_batch b = llama_batch_get_one(seq.data() + done, static_cast<int32_t>(end - done));
+      KV_CHECK_MSG(llama_decode(ctx_, b) == 0, "llama_decode failed");
+      done = end;
+    }
+    const float* logits = llama_get_logits_ith(ctx_, -1);
+    return std::vector<float>(logits, logits + vocab_);
+  }
+
  private:
   llama_model* const model_;
   llama_context* const ctx_;

@@ -46,6 +46,9 @@ class ReferenceDecoder {
   virtual std::vector<engine::Token> Generate(std::span<const engine::Token> prompt, uint32_t n,
                                               const engine::Sampling& sampling,
                                               bool ignore_eos = false) = 0;
+  // The logits after `prompt` (the context cleared first), as Generate
+  // computes them for its first token: to tell a near tie from a wrong one.
+  virtual std::vector<float> LogitsAfter(std::span<const engine::Token> prompt) = 0;
 };
 
 }  // namespace kvrelay::llama
