@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <deque>
+#include <latch>
 #include <map>
 #include <thread>
 #include <vector>
@@ -40,7 +41,7 @@ class HttpServer::Impl : public ConnectionHost {
   void Stop();
   void Accept();
   void OnAccept(const error_code& ec, tcp::socket socket) EXCLUDES(conn_mu_);
-  void WorkerLoop() EXCLUDES(work_mu_);
+  void WorkerLoop(std::latch* set_up) EXCLUDES(work_mu_);
   std::string ErrorBody(int status, const std::string& message, const char* type) const {
     return options_.error_body ? options_.error_body(status, message, type) : message;
   }
@@ -119,9 +120,10 @@ void HttpServer::Impl::Dispatch(Request request, std::shared_ptr<Exchange> excha
                     ErrorBody(503, "the server is busy: its request queue is full", "server_error"));
 }
 
-void HttpServer::Impl::WorkerLoop() {
+void HttpServer::Impl::WorkerLoop(std::latch* set_up) {
   pthread_setname_np(pthread_self(), "kv-http-work");
   if (options_.on_thread_start) options_.on_thread_start();
+  set_up->count_down();
   for (;;) {
     std::function<void()> job;
     {
@@ -153,16 +155,22 @@ Status HttpServer::Impl::Start() {
   port_ = acceptor_->local_endpoint().port();
   Accept();
   started_ = true;
-  for (uint32_t i = 0; i < std::max<uint32_t>(1, options_.io_threads); ++i) {
-    io_threads_.emplace_back([this] {
+  // Start returns once every thread has its name and on_thread_start ran, so
+  // a caller (and a test reading /proc) sees the server as configured.
+  const uint32_t io_threads = std::max<uint32_t>(1, options_.io_threads);
+  std::latch set_up(static_cast<std::ptrdiff_t>(io_threads + options_.worker_threads));
+  for (uint32_t i = 0; i < io_threads; ++i) {
+    io_threads_.emplace_back([this, &set_up] {
       pthread_setname_np(pthread_self(), "kv-http-io");
       if (options_.on_thread_start) options_.on_thread_start();
+      set_up.count_down();
       ioc_.run();
     });
   }
   for (uint32_t i = 0; i < options_.worker_threads; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    workers_.emplace_back([this, &set_up] { WorkerLoop(&set_up); });
   }
+  set_up.wait();
   return Status();
 }
 

@@ -118,8 +118,8 @@ class HttpServer {
   // path with no route is 404; a path routed for other methods is 405.
   void Route(const std::string& method, const std::string& path, Run run, Handler handler);
 
-  // Binds, listens and starts the threads. kUnavailable if the address
-  // cannot be bound.
+  // Binds, listens and starts the threads; returns once every thread has
+  // run on_thread_start. kUnavailable if the address cannot be bound.
   Status Start();
   uint16_t port() const;
   ServerStats Stats() const;

@@ -347,6 +347,25 @@ TEST_F(HttpServerTest, StopEndsHungRequestsAndTheirClientsLearnIt) {
   hung_[0]->Respond(200, "text/plain", "late");   // after Stop: does nothing
 }
 
+// Start returns with every I/O and worker thread set up: an owner that sets a
+// thread property there (the engine's scheduler slice) sees it applied.
+TEST(HttpServerStartTest, ReturnsOnceEveryThreadRanItsStartHook) {
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> started{0};
+    ServerOptions o;
+    o.io_threads = 2;
+    o.worker_threads = 8;
+    o.on_thread_start = [&started] {
+      std::this_thread::sleep_for(1ms);
+      started++;
+    };
+    HttpServer server(o);
+    ASSERT_TRUE(server.Start().ok());
+    EXPECT_EQ(started.load(), 10) << "round " << round;
+    server.Stop();
+  }
+}
+
 TEST(HttpClientTest, CancelFromAnotherThreadEndsACallAtOnce) {
   ServerOptions o;
   HttpServer server(o);

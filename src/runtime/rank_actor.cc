@@ -3,6 +3,7 @@
 #include <zmq.h>
 
 #include <algorithm>
+#include <latch>
 
 #include "core/tp_mapping.h"
 #include "os/clock.h"
@@ -57,7 +58,9 @@ Status RankActor::Start() {
     }
   }
   next_chores_ = MonoNow();
-  thread_ = std::thread([this] {
+  // Start returns once the thread has its name, nice value and slice.
+  std::latch set_up(1);
+  thread_ = std::thread([this, &set_up] {
     NameThisThread("kv-rank" + std::to_string(options_.rank));
     if (options_.thread_nice != 0) {
       if (Status s = SetThisThreadNice(options_.thread_nice); !s.ok()) {
@@ -69,8 +72,10 @@ Status RankActor::Start() {
         Log("rank", "rank %u thread keeps its slice: %s", options_.rank, s.ToString().c_str());
       }
     }
+    set_up.count_down();
     Loop();
   });
+  set_up.wait();
   return Status::Ok();
 }
 
