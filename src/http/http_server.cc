@@ -5,6 +5,7 @@
 #include <deque>
 #include <latch>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -41,7 +42,7 @@ class HttpServer::Impl : public ConnectionHost {
   void Stop();
   void Accept();
   void OnAccept(const error_code& ec, tcp::socket socket) EXCLUDES(conn_mu_);
-  void WorkerLoop(std::latch* set_up) EXCLUDES(work_mu_);
+  void WorkerLoop() EXCLUDES(work_mu_);
   std::string ErrorBody(int status, const std::string& message, const char* type) const {
     return options_.error_body ? options_.error_body(status, message, type) : message;
   }
@@ -61,6 +62,9 @@ class HttpServer::Impl : public ConnectionHost {
   std::optional<tcp::acceptor> acceptor_;
   asio::steady_timer accept_timer_{ioc_};
   std::vector<std::thread> io_threads_, workers_;
+  // Counts the threads down as they are set up (Start); lives as long as
+  // they do, since the I/O threads may still be leaving its wait.
+  std::optional<std::latch> set_up_;
   ServerCounters counters_;
   std::shared_ptr<Liveness> live_ = std::make_shared<Liveness>();
   std::atomic<bool> stopping_{false};
@@ -120,10 +124,10 @@ void HttpServer::Impl::Dispatch(Request request, std::shared_ptr<Exchange> excha
                     ErrorBody(503, "the server is busy: its request queue is full", "server_error"));
 }
 
-void HttpServer::Impl::WorkerLoop(std::latch* set_up) {
+void HttpServer::Impl::WorkerLoop() {
   pthread_setname_np(pthread_self(), "kv-http-work");
   if (options_.on_thread_start) options_.on_thread_start();
-  set_up->count_down();
+  set_up_->count_down();
   for (;;) {
     std::function<void()> job;
     {
@@ -155,22 +159,23 @@ Status HttpServer::Impl::Start() {
   port_ = acceptor_->local_endpoint().port();
   Accept();
   started_ = true;
-  // Start returns once every thread has its name and on_thread_start ran, so
-  // a caller (and a test reading /proc) sees the server as configured.
+  // Nothing is served, and Start does not return, before every thread has
+  // its name and ran on_thread_start: a client that got an answer (a
+  // health probe, a test reading /proc) sees the server as configured.
   const uint32_t io_threads = std::max<uint32_t>(1, options_.io_threads);
-  std::latch set_up(static_cast<std::ptrdiff_t>(io_threads + options_.worker_threads));
+  set_up_.emplace(static_cast<std::ptrdiff_t>(io_threads + options_.worker_threads));
   for (uint32_t i = 0; i < io_threads; ++i) {
-    io_threads_.emplace_back([this, &set_up] {
+    io_threads_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "kv-http-io");
       if (options_.on_thread_start) options_.on_thread_start();
-      set_up.count_down();
+      set_up_->arrive_and_wait();
       ioc_.run();
     });
   }
   for (uint32_t i = 0; i < options_.worker_threads; ++i) {
-    workers_.emplace_back([this, &set_up] { WorkerLoop(&set_up); });
+    workers_.emplace_back([this] { WorkerLoop(); });
   }
-  set_up.wait();
+  set_up_->wait();
   return Status();
 }
 

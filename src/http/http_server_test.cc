@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -347,21 +348,57 @@ TEST_F(HttpServerTest, StopEndsHungRequestsAndTheirClientsLearnIt) {
   hung_[0]->Respond(200, "text/plain", "late");   // after Stop: does nothing
 }
 
-// Start returns with every I/O and worker thread set up: an owner that sets a
-// thread property there (the engine's scheduler slice) sees it applied.
-TEST(HttpServerStartTest, ReturnsOnceEveryThreadRanItsStartHook) {
-  for (int round = 0; round < 20; ++round) {
+// Nothing is served, and Start does not return, before every I/O and
+// worker thread ran its start hook: an owner that sets a thread property
+// there (the engine's scheduler slice) sees it applied once a client got an
+// answer. The workers' hooks are slow; a client polls the port while Start
+// runs.
+TEST(HttpServerStartTest, NothingIsServedBeforeEveryThreadRanItsStartHook) {
+  for (int round = 0; round < 3; ++round) {
+    uint16_t port = 0;
+    {  // a free port, to poll before Start returns
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+      socklen_t len = sizeof a;
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+      port = ntohs(a.sin_port);
+      close(fd);
+    }
     std::atomic<int> started{0};
     ServerOptions o;
+    o.port = port;
     o.io_threads = 2;
     o.worker_threads = 8;
     o.on_thread_start = [&started] {
-      std::this_thread::sleep_for(1ms);
+      char name[16] = {};
+      pthread_getname_np(pthread_self(), name, sizeof name);
+      if (std::string(name) == "kv-http-work") std::this_thread::sleep_for(50ms);
       started++;
     };
     HttpServer server(o);
+    std::atomic<int> at_first_answer{-1};
+    server.Route("GET", "/hello", Run::kInline, [&](Request, std::shared_ptr<Exchange> ex) {
+      int none = -1;
+      at_first_answer.compare_exchange_strong(none, started.load());
+      ex->Respond(200, "text/plain", "hello");
+    });
+    std::atomic<bool> answered{false};
+    std::thread poller([&] {
+      const Client cli("http://127.0.0.1:" + std::to_string(port),
+                       ClientOptions::Timeouts(Duration::Seconds(1), Duration::Seconds(5)));
+      for (int i = 0; i < 2000 && !answered; ++i) {
+        if (cli.Get("/hello").ok()) answered = true;
+        std::this_thread::sleep_for(1ms);
+      }
+    });
     ASSERT_TRUE(server.Start().ok());
     EXPECT_EQ(started.load(), 10) << "round " << round;
+    poller.join();
+    EXPECT_TRUE(answered);
+    EXPECT_EQ(at_first_answer.load(), 10) << "round " << round;
     server.Stop();
   }
 }
