@@ -25,7 +25,9 @@ std::string HumanBytes(uint64_t bytes) {
 }
 
 Status BenchCluster::Start(const BenchClusterOptions& o) {
-  if (!engine::ModelShapeByName(o.shape, &shape_)) {
+  if (o.shape.empty()) {
+    shape_ = o.given_shape;
+  } else if (!engine::ModelShapeByName(o.shape, &shape_)) {
     return InvalidArgumentError("unknown model shape '" + o.shape + "' (tiny, small or 8b)");
   }
   ClusterOptions c;
@@ -37,9 +39,16 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
   c.step_per_token_us = o.step_per_token_us;
   c.control_nice = o.control_nice;
   c.control_slice_us = o.control_slice_us;
-  c.engine_args = {"--step-base-us", std::to_string(o.step_base_us), "--max-batch-tokens",
-                   std::to_string(o.max_batch_tokens), "--tcp-streams",
-                   std::to_string(o.tcp_streams)};
+  c.engine_args = {"--tcp-streams", std::to_string(o.tcp_streams)};
+  if (!o.shape.empty()) {   // the emulated model's modelled step time
+    c.engine_args.insert(c.engine_args.end(),
+                         {"--step-base-us", std::to_string(o.step_base_us)});
+  }
+  if (o.max_batch_tokens != 0) {
+    c.engine_args.insert(c.engine_args.end(),
+                         {"--max-batch-tokens", std::to_string(o.max_batch_tokens)});
+  }
+  c.engine_args.insert(c.engine_args.end(), o.engine_args.begin(), o.engine_args.end());
   if (!o.prefix_caching) c.engine_args.push_back("--no-prefix-caching");
   if (o.busy_steps) c.engine_args.push_back("--busy-steps");
   if (!o.fast_abort) c.engine_args.push_back("--no-fast-abort");

@@ -39,6 +39,11 @@ struct BenchClusterOptions {
   std::string logs;                   // folder for the engines' logs (created)
   std::string transport = "shm";
   std::string shape = "8b";
+  // Empty `shape`: engines that are not the emulated model (serve's
+  // --engine llama ... in `engine_args`); `given_shape` is theirs (the
+  // blocks' size, the vocabulary) and no --model-shape is passed.
+  engine::ModelShape given_shape;
+  std::vector<std::string> engine_args;   // more serve flags for every engine
   uint32_t pool_blocks = 256;         // every engine's pool
   uint32_t max_batch_tokens = 8192;   // token budget per step (prefill chunk)
   // The modelled step time (serve's --step-base-us, --step-per-token-us);

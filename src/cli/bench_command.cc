@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/http_bench.h"
 #include "cli/transfer_bench.h"
+#include "cli/llama_cluster.h"
 #include "cli/ttft_bench.h"
 #include "runtime/auth_token.h"
 
@@ -255,6 +256,29 @@ void RegisterTtftBench(CLI::App* bench) {
   cmd->add_option("--json", o->json_path,
                   "write the figures and every sample as JSON to this file (- for stdout)");
   cmd->add_option("--seed", o->seed, "seed for the prompts")->capture_default_str();
+  cmd->add_option("--engine", o->engine,
+                  "emulated (--model-shape, modelled step times) | llama (llama.cpp engines: "
+                  "real compute, P/D outputs compared with the plain engine's and llama.cpp "
+                  "alone's; the model's export and import copies reported per token)")
+      ->capture_default_str();
+  cmd->add_option("--model", o->model,
+                  "--engine llama: the GGUF every engine serves (default: one made in --logs "
+                  "with the shape below and a context for the largest prompt)");
+  cmd->add_option("--threads", o->threads, "--engine llama: llama.cpp threads per engine")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  AddMadeModelFlags(cmd, &o->make);
+  cmd->add_option("--decode-under-prefill-s", o->decode_under_prefill_s,
+                  "after the TTFT samples, this many seconds on the plain engine and as many "
+                  "through the router: --decoders short requests decoding while prompts of the "
+                  "largest length prefill beside them; decode tokens/s and token gaps per path "
+                  "(0: skipped)")
+      ->capture_default_str();
+  cmd->add_option("--decoders", o->decoders, "decode under prefill: short requests at once")
+      ->capture_default_str();
+  cmd->add_option("--decode-tokens", o->decode_tokens,
+                  "decode under prefill: output tokens per short request (16-token prompts)")
+      ->capture_default_str();
   cmd->callback([o] {
     if (Status s = RunTtftBench(*o); !s.ok()) {
       std::fprintf(stderr, "bench ttft: %s\n", s.ToString().c_str());

@@ -19,6 +19,7 @@
 
 #include "base/prng.h"
 #include "cli/commands.h"
+#include "cli/llama_cluster.h"
 #include "engine/engine.h"
 #include "llama/llama_model.h"
 #include "llama/model_maker.h"
@@ -285,11 +286,7 @@ void RegisterLlamaBench(CLI::App* bench) {
       "The llama.cpp engine's prefill and decode tokens/s against llama.cpp's own loop, same "
       "model and threads, in one run (ratios: engine ÷ llama.cpp; 1.0 = no cost)");
   cmd->add_option("--model", o->model, "a GGUF file; without it a model is made (--layers ...)");
-  cmd->add_option("--layers", o->make.layers, "made model: layers")->capture_default_str();
-  cmd->add_option("--embd", o->make.embd, "made model: embedding width")->capture_default_str();
-  cmd->add_option("--heads", o->make.heads, "made model: heads")->capture_default_str();
-  cmd->add_option("--kv-heads", o->make.kv_heads, "made model: KV heads")->capture_default_str();
-  cmd->add_option("--vocab", o->make.vocab, "made model: vocabulary")->capture_default_str();
+  AddMadeModelFlags(cmd, &o->make);
   cmd->add_option("--threads", o->threads, "llama.cpp threads (both sides)")
       ->capture_default_str();
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "prefill: tokens per prompt (<= 4095)")

@@ -25,6 +25,14 @@ void AddLlamaClusterFlags(CLI::App* cmd, LlamaClusterFlags* f) {
       ->capture_default_str();
 }
 
+void AddMadeModelFlags(CLI::App* cmd, llama::MakeModelOptions* m) {
+  cmd->add_option("--layers", m->layers, "made model: layers")->capture_default_str();
+  cmd->add_option("--embd", m->embd, "made model: embedding width")->capture_default_str();
+  cmd->add_option("--heads", m->heads, "made model: heads")->capture_default_str();
+  cmd->add_option("--kv-heads", m->kv_heads, "made model: KV heads")->capture_default_str();
+  cmd->add_option("--vocab", m->vocab, "made model: vocabulary")->capture_default_str();
+}
+
 Status SetUpLlamaCluster(const LlamaClusterFlags& f, const std::string& folder,
                          ClusterOptions* c, LoadOptions* o) {
   if (f.engine == "emulated") {

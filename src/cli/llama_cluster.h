@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "bench/load_gen.h"
 #include "cli/local_cluster.h"
+#include "llama/model_maker.h"
 
 namespace CLI {
 class App;
@@ -28,6 +29,10 @@ struct LlamaClusterFlags {
 
 // Adds --engine, --model and --threads to `cmd`.
 void AddLlamaClusterFlags(CLI::App* cmd, LlamaClusterFlags* flags);
+
+// Adds the shape of a model a bench makes when --model names none:
+// --layers, --embd, --heads, --kv-heads, --vocab (make-model's meanings).
+void AddMadeModelFlags(CLI::App* cmd, llama::MakeModelOptions* make);
 
 // For --engine llama: makes the models it needs in `folder` (version 1
 // unless --model names it; version 2, another seed of the same shape, for

@@ -7,7 +7,6 @@
 namespace kvrelay::cli {
 namespace {
 
-constexpr uint32_t kLlamaBlockTokens = 16;
 constexpr uint32_t kLlamaBatchTokens = 512;   // llama.cpp's usual n_batch
 
 // The model's own vocabulary as the server's text codec.

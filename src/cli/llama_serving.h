@@ -17,6 +17,9 @@
 
 namespace kvrelay::cli {
 
+// Tokens per KV block of a llama engine (its shape: llama::ShapeFor).
+inline constexpr uint32_t kLlamaBlockTokens = 16;
+
 struct LlamaServeFlags {
   std::string engine = "emulated";          // emulated | llama
   std::string model;                        // GGUF file: weights version 1

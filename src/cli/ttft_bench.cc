@@ -18,9 +18,13 @@
 #include "base/prng.h"
 #include "bench/ttft_compare.h"
 #include "cli/bench_cluster.h"
+#include "cli/llama_checker.h"
+#include "cli/decode_under_prefill.h"
+#include "cli/llama_serving.h"
+#include "cli/stream_completion.h"
 #include "engine/engine.h"
 #include "engine/model.h"
-#include "router/sse_splitter.h"
+#include "llama/llama_model.h"
 #include "router/transfer_id_source.h"
 
 namespace kvrelay::cli {
@@ -29,101 +33,56 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-int64_t MonoNs() {  // steady_clock is CLOCK_MONOTONIC, as D's pull log
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
-
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One streamed completion: when its first token arrived, and its tokens.
-struct Streamed {
-  double ttft_s = -1;
-  int64_t first_token_mono_ns = 0;
-  std::vector<engine::TokenOut> tokens;
-};
-
-// Sends `body` (which must say "stream": true) and reads the SSE stream to
-// its end. Errors: no answer, an HTTP error, an error event, no token, a
-// stream cut off before [DONE].
-Result<Streamed> StreamOne(const http::Client& cli, const json& body, double timeout_s) {
-  Streamed out;
-  http::ClientRequest req;
-  req.method = "POST";
-  req.target = "/v1/completions";
-  req.body = body.dump();
-  int status = 0;
-  router::SseSplitter sse;  // the router's: events however the bytes were chunked
-  std::string error;
-  bool done = false;
-  const Clock::time_point t0 = Clock::now();
-  http::ClientSink sink;
-  sink.on_status = [&](int s) { status = s; };
-  sink.on_data = [&](std::string_view data) {
-    sse.Feed(data);
-    while (std::optional<std::string> ev = sse.Next()) {
-      const std::optional<std::string> data_line = router::SseSplitter::DataOf(*ev);
-      if (!data_line) continue;  // a keep-alive comment
-      if (*data_line == "[DONE]") {
-        done = true;
-        continue;
-      }
-      const json j = json::parse(*data_line, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.contains("error") && !j["error"].is_null()) {
-        error = j["error"].is_object() ? j["error"].value("message", "error") : j["error"].dump();
-        continue;
-      }
-      const json choices = j.value("choices", json::array());
-      if (choices.empty()) continue;   // the usage chunk
-      const json ids = choices[0].value("token_ids", json::array());
-      const json vers = choices[0].value("weights_versions", json::array());
-      if (out.ttft_s < 0 && !ids.empty()) {
-        out.ttft_s = Since(t0);
-        out.first_token_mono_ns = MonoNs();
-      }
-      for (size_t k = 0; k < ids.size() && k < vers.size(); ++k) {
-        out.tokens.push_back(
-            engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
-      }
-    }
-    return Since(t0) < timeout_s;
-  };
-  http::ClientOptions opts = cli.options();
-  opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(timeout_s * 1e9));
-  http::BlockingCall call;
-  Result<http::ClientResponse> r = call.Run(cli.base_url(), std::move(req), opts, std::move(sink));
-  if (!r.ok() && status == 0) return UnavailableError("no response: " + r.status().message());
-  if (status != 200) {
-    return UnavailableError("HTTP " + std::to_string(status) + ": " +
-                            (r.ok() ? r->body.substr(0, 300) : r.status().message()));
-  }
-  if (!error.empty()) return UnavailableError("error event: " + error);
-  if (!done) {
-    return UnavailableError(Since(t0) >= timeout_s ? "timed out" : "stream cut off before [DONE]");
-  }
-  if (out.ttft_s < 0) return UnavailableError("no token");
-  return out;
-}
-
 constexpr char kProducerTokens[] = "kvrelay_first_tokens_from_producer_total";
+constexpr uint32_t kDecodePromptTokens = 16;   // the decode-under-prefill phase's
 
 std::vector<engine::Token> PromptOf(const json& body) {
   return body.at("prompt").get<std::vector<engine::Token>>();
 }
+
+// The model's hand-off copies (llama.cpp engines), from P's and D's
+// /metrics: P's exports, D's imports (times in µs). -1: not read.
+struct KvCopies {
+  double exported_tokens = -1, export_us = -1, imported_tokens = -1, import_us = -1;
+  static KvCopies Read(const BenchCluster& c) {
+    auto us = [](double s) { return s < 0 ? s : s * 1e6; };
+    return KvCopies{MetricSample(c.p_url(), "kvrelay_kv_exported_tokens_total"),
+                    us(MetricSample(c.p_url(), "kvrelay_kv_export_seconds_total")),
+                    MetricSample(c.d_url(), "kvrelay_kv_imported_tokens_total"),
+                    us(MetricSample(c.d_url(), "kvrelay_kv_import_seconds_total"))};
+  }
+  bool read() const {
+    return exported_tokens >= 0 && export_us >= 0 && imported_tokens >= 0 && import_us >= 0;
+  }
+  KvCopies Minus(const KvCopies& before) const {
+    if (!read() || !before.read()) return {};
+    return KvCopies{exported_tokens - before.exported_tokens, export_us - before.export_us,
+                    imported_tokens - before.imported_tokens, import_us - before.import_us};
+  }
+  // µs per token; -1 without copies.
+  double ExportUsPerToken() const { return exported_tokens > 0 ? export_us / exported_tokens : -1; }
+  double ImportUsPerToken() const { return imported_tokens > 0 ? import_us / imported_tokens : -1; }
+};
 
 // The samples of one prompt length, as they come in.
 struct LengthRun {
   uint32_t tokens = 0, blocks = 0;
   TtftSamples samples;
   double producer_tokens = -1;  // P/D requests whose first token D took from P
+  KvCopies copies;              // during this length's samples (llama.cpp engines)
+  uint32_t reference_checked = 0;  // plain outputs checked against llama.cpp alone
 };
 
 class TtftRun {
  public:
-  TtftRun(const TtftBenchOptions& o, BenchCluster& c) : o_(o), c_(c), prng_(o.seed) {}
+  // `checker`: llama.cpp alone on the engines' model (--engine llama), else
+  // null (the emulated model's outputs are checked from the prompt).
+  TtftRun(const TtftBenchOptions& o, BenchCluster& c, std::shared_ptr<LlamaChecker> checker)
+      : o_(o), c_(c), prng_(o.seed), checker_(std::move(checker)) {}
 
   // Untimed: connections, handshakes, and the first touches of every pool
   // (on this machine kind a first touch of a page costs tens of µs; see
@@ -133,8 +92,10 @@ class TtftRun {
     for (uint32_t i = 0; i < o_.warmup; ++i) lengths.push_back(largest);
     for (uint32_t tokens : lengths) {
       json body = Stream(c_.Prompt(prng_, tokens));
-      if (Status s = Plain(body, nullptr); !s.ok()) return s;
-      if (Status s = ThroughRouter(body, tokens, nullptr); !s.ok()) return s;
+      std::vector<engine::Token> plain, pd;
+      if (Status s = Plain(body, nullptr, &plain); !s.ok()) return s;
+      if (Status s = ThroughRouter(body, tokens, nullptr, &pd); !s.ok()) return s;
+      if (Status s = Same(body, plain, pd, nullptr); !s.ok()) return s;
       if (Status s = Transfer(tokens, nullptr); !s.ok()) return s;
     }
     return Status::Ok();
@@ -143,18 +104,21 @@ class TtftRun {
   Status Measure(LengthRun* run) {
     const Clock::time_point t0 = Clock::now();
     const double producer_tokens0 = MetricSample(c_.d_url(), kProducerTokens);
+    const KvCopies copies0 = KvCopies::Read(c_);
     Clock::time_point last_line = t0;
     for (uint32_t i = 0; i < o_.samples; ++i) {
       json body = Stream(c_.Prompt(prng_, run->tokens));
+      std::vector<engine::Token> plain, pd;
       // Alternate which path goes first, so neither always follows the
       // other's leftovers (caches, the kernel's page reclaim).
       if (i % 2 == 0) {
-        if (Status s = Plain(body, run); !s.ok()) return s;
-        if (Status s = ThroughRouter(body, run->tokens, run); !s.ok()) return s;
+        if (Status s = Plain(body, run, &plain); !s.ok()) return s;
+        if (Status s = ThroughRouter(body, run->tokens, run, &pd); !s.ok()) return s;
       } else {
-        if (Status s = ThroughRouter(body, run->tokens, run); !s.ok()) return s;
-        if (Status s = Plain(body, run); !s.ok()) return s;
+        if (Status s = ThroughRouter(body, run->tokens, run, &pd); !s.ok()) return s;
+        if (Status s = Plain(body, run, &plain); !s.ok()) return s;
       }
+      if (Status s = Same(body, plain, pd, i == 0 ? run : nullptr); !s.ok()) return s;
       if (Status s = Transfer(run->tokens, run); !s.ok()) return s;
       if (Since(last_line) >= 10 || i + 1 == o_.samples) {
         last_line = Clock::now();
@@ -166,6 +130,7 @@ class TtftRun {
         std::fflush(stdout);
       }
     }
+    run->copies = KvCopies::Read(c_).Minus(copies0);
     const double producer_tokens1 = MetricSample(c_.d_url(), kProducerTokens);
     if (producer_tokens0 >= 0 && producer_tokens1 >= 0) {
       run->producer_tokens = producer_tokens1 - producer_tokens0;
@@ -177,32 +142,60 @@ class TtftRun {
   // Two tokens, streamed: TTFT is the first; the second makes D read every
   // byte it loaded (D emits P's first token without a step on the KV,
   // docs/design.md), so the output check covers the transfer.
-  static json Stream(json body) {
+  json Stream(json body) const {
     body["stream"] = true;
     body["max_tokens"] = kTokens;
+    if (checker_) body["ignore_eos"] = true;   // a real model may draw its end token
     return body;
   }
   static constexpr uint32_t kTokens = 2;
 
+  // llama.cpp engines: the P/D output equals the plain engine's token for
+  // token (both served alone); with `run`, the plain one is also checked
+  // against llama.cpp alone. The emulated model's were checked already.
+  Status Same(const json& body, const std::vector<engine::Token>& plain,
+              const std::vector<engine::Token>& pd, LengthRun* run) {
+    if (!checker_) return Status::Ok();
+    if (plain != pd) {
+      return InternalError("through the router: the output differs from the plain engine's "
+                           "for the same prompt of " + std::to_string(PromptOf(body).size()) +
+                           " tokens (both served alone)");
+    }
+    if (run == nullptr) return Status::Ok();
+    const std::vector<engine::Token> prompt = PromptOf(body);
+    const std::vector<uint64_t> versions(plain.size(), 1);
+    bool whole_exact = false;
+    const std::string bad = checker_->Check(prompt, plain, versions, &whole_exact);
+    if (!bad.empty() || !whole_exact) {
+      return InternalError("plain engine: not llama.cpp alone's output: " +
+                           (bad.empty() ? std::string("a later token differs") : bad));
+    }
+    ++run->reference_checked;
+    return Status::Ok();
+  }
+
   // TTFT on the plain engine.
-  Status Plain(const json& body, LengthRun* run) {
+  Status Plain(const json& body, LengthRun* run, std::vector<engine::Token>* tokens) {
     if (Status s = c_.WaitIdle(); !s.ok()) return s;
-    Result<Streamed> r = StreamOne(plain_, body, o_.request_timeout_s);
+    Result<Streamed> r = StreamCompletion(plain_, body, o_.request_timeout_s);
     if (!r.ok()) return Status(r.status().code(), "plain engine: " + r.status().message());
     if (Status s = Checked(body, *r, "plain engine"); !s.ok()) return s;
+    for (const engine::TokenOut& t : r->tokens) tokens->push_back(t.token);
     if (run != nullptr) run->samples.plain_s.push_back(r->ttft_s);
     return Status::Ok();
   }
 
   // TTFT through the router; the request's own pull from D's log.
-  Status ThroughRouter(const json& body, uint32_t tokens, LengthRun* run) {
+  Status ThroughRouter(const json& body, uint32_t tokens, LengthRun* run,
+                       std::vector<engine::Token>* out) {
     if (Status s = c_.WaitIdle(); !s.ok()) return s;
     if (Result<std::vector<BenchCluster::Pulled>> old = c_.NewPulls(); !old.ok()) {
       return old.status();
     }
-    Result<Streamed> r = StreamOne(router_, body, o_.request_timeout_s);
+    Result<Streamed> r = StreamCompletion(router_, body, o_.request_timeout_s);
     if (!r.ok()) return Status(r.status().code(), "through the router: " + r.status().message());
     if (Status s = Checked(body, *r, "through the router"); !s.ok()) return s;
+    for (const engine::TokenOut& t : r->tokens) out->push_back(t.token);
     // One request at a time, so D logged exactly this request's answer
     // (tp 1: one pull) — once its rank actor got it, which may be a moment
     // after the token left.
@@ -243,6 +236,7 @@ class TtftRun {
       return InternalError(path + ": " + std::to_string(r.tokens.size()) + " tokens, asked for " +
                            std::to_string(kTokens));
     }
+    if (checker_) return Status::Ok();   // Same() compares a real model's
     const std::vector<engine::Token> prompt = PromptOf(body);
     const std::string bad = engine::CheckOutput(prompt, r.tokens, c_.shape());
     if (!bad.empty()) return InternalError(path + ": wrong output: " + bad);
@@ -271,6 +265,7 @@ class TtftRun {
   Prng prng_;
   // Nagle is off on the client's sockets (as aiohttp's): with it on, the
   // body waits behind the headers for the server's delayed ACK (~40 ms).
+  std::shared_ptr<LlamaChecker> checker_;
   const http::Client plain_{c_.plain_url()};
   const http::Client router_{c_.router_url()};
 };
@@ -284,12 +279,22 @@ Status Validate(const TtftBenchOptions& o, const engine::ModelShape& shape) {
     if (t == 0 || t + 1 > shape.max_context) {
       return InvalidArgumentError("--prompt-tokens: " + std::to_string(t) +
                                   " is not between 1 and " +
-                                  std::to_string(shape.max_context - 1) + " (" + o.shape +
+                                  std::to_string(shape.max_context - 1) + " (" + shape.name +
                                   "'s context of " + std::to_string(shape.max_context) +
                                   " tokens, less the token to generate)");
     }
   }
   if (o.samples == 0) return InvalidArgumentError("--samples must be at least 1");
+  if (!(o.decode_under_prefill_s >= 0) || !std::isfinite(o.decode_under_prefill_s)) {
+    return InvalidArgumentError("--decode-under-prefill-s must be >= 0");
+  }
+  if (o.decode_under_prefill_s > 0 && (o.decoders == 0 || o.decode_tokens < 2)) {
+    return InvalidArgumentError("--decoders must be >= 1 and --decode-tokens >= 2");
+  }
+  if (o.decode_under_prefill_s > 0 && kDecodePromptTokens + o.decode_tokens > shape.max_context) {
+    return InvalidArgumentError("--decode-tokens " + std::to_string(o.decode_tokens) +
+                                " does not fit the model's context");
+  }
   if (!(o.target_ratio > 0) || !std::isfinite(o.target_ratio)) {
     return InvalidArgumentError("--target must be a ratio > 0");
   }
@@ -310,22 +315,78 @@ Status Validate(const TtftBenchOptions& o, const engine::ModelShape& shape) {
 
 }  // namespace
 
+// --engine llama: the model (made in `logs` unless o.model names one, its
+// context long enough for `largest` tokens), its shape for `pool_blocks`,
+// the engines' flags and llama.cpp alone on it. Prints what it made.
+Status SetUpLlama(const TtftBenchOptions& o, const std::string& logs, uint32_t pool_blocks,
+                  BenchClusterOptions* co, std::shared_ptr<LlamaChecker>* checker) {
+  if (std::string why = llama::Unavailable(); !why.empty()) return UnavailableError(why);
+  std::string path = o.model;
+  if (path.empty()) {
+    llama::MakeModelOptions m = o.make;
+    m.context = std::max(m.context, (pool_blocks * kLlamaBlockTokens + 1023) / 1024 * 1024);
+    path = logs + "/made-l" + std::to_string(m.layers) + "-e" + std::to_string(m.embd) + "-h" +
+           std::to_string(m.heads) + "-k" + std::to_string(m.kv_heads) + "-v" +
+           std::to_string(m.vocab) + "-c" + std::to_string(m.context) + "-s" +
+           std::to_string(m.seed) + ".gguf";
+    std::error_code ec;
+    std::filesystem::create_directories(logs, ec);
+    if (!std::filesystem::exists(path, ec)) {
+      m.out_path = path;
+      if (Status s = llama::MakeModel(m); !s.ok()) return s;
+      std::printf("made a model: %s\n", path.c_str());
+    }
+  }
+  llama::LlamaModelOptions lo;
+  lo.model_path = path;
+  lo.threads = o.threads;
+  lo.context_tokens = 512;   // one batch: enough to measure its KV per token
+  lo.max_sequences = 1;
+  Result<std::unique_ptr<llama::LlamaModel>> model = llama::LlamaModel::Open(lo);
+  if (!model.ok()) return model.status();
+  co->shape.clear();
+  co->given_shape =
+      llama::ShapeFor((*model)->info(), kLlamaBlockTokens, pool_blocks * kLlamaBlockTokens);
+  co->engine_args = {"--engine", "llama", "--model", path, "--threads", std::to_string(o.threads)};
+  Result<std::shared_ptr<LlamaChecker>> c = LlamaChecker::Open({{1, path}}, o.threads);
+  if (!c.ok()) return c.status();
+  *checker = *c;
+  return Status::Ok();
+}
+
 Status RunTtftBench(const TtftBenchOptions& o) {
+  const bool llama = o.engine == "llama";
+  if (!llama && o.engine != "emulated") {
+    return InvalidArgumentError("--engine must be emulated or llama, not '" + o.engine + "'");
+  }
+  if (!llama && !o.model.empty()) return InvalidArgumentError("--model needs --engine llama");
+  if (o.prompt_tokens.empty()) return InvalidArgumentError("--prompt-tokens is empty");
   engine::ModelShape shape;
-  if (!engine::ModelShapeByName(o.shape, &shape)) {
+  if (!llama && !engine::ModelShapeByName(o.shape, &shape)) {
     return InvalidArgumentError("unknown --model-shape '" + o.shape + "' (tiny, small or 8b)");
   }
-  if (Status s = Validate(o, shape); !s.ok()) return s;
+  const uint32_t block_tokens = llama ? kLlamaBlockTokens : shape.block_tokens;
   const uint32_t largest = *std::max_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
   const uint32_t smallest = *std::min_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
-  const uint32_t largest_blocks = (largest + shape.block_tokens - 1) / shape.block_tokens;
-  const uint64_t block_bytes = shape.BlockBytesPerRank(1);
+  const uint32_t largest_blocks = (largest + block_tokens - 1) / block_tokens;
   BenchClusterOptions co;
-  co.logs = o.logs + "/" + o.transport + "-" + o.shape;
+  co.logs = o.logs + "/" + o.transport + "-" + (llama ? std::string("llama") : o.shape);
   co.transport = o.transport;
   co.shape = o.shape;
-  co.pool_blocks = o.pool_blocks != 0 ? o.pool_blocks : largest_blocks + 16;
-  co.max_batch_tokens = o.max_batch_tokens;
+  // Room for the largest prompt, and for the decoding requests beside it.
+  const uint32_t decoder_blocks =
+      o.decode_under_prefill_s > 0
+          ? o.decoders * ((kDecodePromptTokens + o.decode_tokens + block_tokens - 1) / block_tokens)
+          : 0;
+  co.pool_blocks = o.pool_blocks != 0 ? o.pool_blocks : largest_blocks + 16 + decoder_blocks;
+  std::shared_ptr<LlamaChecker> checker;
+  if (llama) {
+    if (Status s = SetUpLlama(o, o.logs, co.pool_blocks, &co, &checker); !s.ok()) return s;
+    shape = co.given_shape;
+  }
+  if (Status s = Validate(o, shape); !s.ok()) return s;
+  const uint64_t block_bytes = shape.BlockBytesPerRank(1);
+  co.max_batch_tokens = llama ? 0 : o.max_batch_tokens;   // llama: serve's own
   co.step_base_us = o.step_base_us;
   co.step_per_token_us = o.step_per_token_us;
   co.prefix_caching = false;
@@ -336,11 +397,16 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   co.plain = true;
 
   std::printf("kvrelay bench ttft: transport %s, model %s (%s per block), prompts", o.transport.c_str(),
-              o.shape.c_str(), HumanBytes(block_bytes).c_str());
+              shape.name.c_str(), HumanBytes(block_bytes).c_str());
   for (uint32_t t : o.prompt_tokens) std::printf(" %u", t);
-  std::printf(" tokens, %u samples each, steps %.0f µs + %.1f µs/token, token budget %u, "
-              "seed %" PRIu64 "\n",
-              o.samples, o.step_base_us, o.step_per_token_us, o.max_batch_tokens, o.seed);
+  if (llama) {
+    std::printf(" tokens, %u samples each, llama.cpp engines (%u thread(s) each), seed %" PRIu64
+                "\n", o.samples, o.threads, o.seed);
+  } else {
+    std::printf(" tokens, %u samples each, steps %.0f µs + %.1f µs/token, token budget %u, "
+                "seed %" PRIu64 "\n",
+                o.samples, o.step_base_us, o.step_per_token_us, o.max_batch_tokens, o.seed);
+  }
   std::printf("starting a plain engine, P, D and the router (pools of %u blocks, %s each; logs "
               "in %s) ...\n",
               co.pool_blocks, HumanBytes(co.pool_blocks * block_bytes).c_str(), co.logs.c_str());
@@ -351,9 +417,10 @@ Status RunTtftBench(const TtftBenchOptions& o) {
     return Status(s.code(), s.message() + " (" + stopped + ")");
   }
   std::vector<LengthRun> runs;
+  std::vector<std::pair<std::string, DecodeUnderPrefill>> stalls;  // by path
   Status status = Status::Ok();
   {
-    TtftRun run(o, cluster);
+    TtftRun run(o, cluster, checker);
     std::printf("warming up: 1 prompt of %u and %u of %u tokens on each path ...\n", smallest,
                 o.warmup, largest);
     std::fflush(stdout);
@@ -377,6 +444,52 @@ Status RunTtftBench(const TtftBenchOptions& o) {
       runs.push_back(std::move(r));
     }
   }
+  if (status.ok() && o.decode_under_prefill_s > 0) {
+    DecodeUnderPrefillOptions d;
+    d.seconds = o.decode_under_prefill_s;
+    d.decoders = o.decoders;
+    d.decode_prompt_tokens = kDecodePromptTokens;
+    d.decode_tokens = o.decode_tokens;
+    d.prefill_tokens = largest;
+    d.vocab = shape.vocab;
+    d.seed = o.seed;
+    d.request_timeout_s = o.request_timeout_s;
+    d.ignore_eos = llama;
+    if (llama) {   // first tokens exact (later ones are batched with others')
+      d.check = [checker](std::span<const engine::Token> prompt,
+                          std::span<const engine::TokenOut> out) -> std::string {
+        if (out.empty()) return "no token";
+        const engine::Token first[] = {out[0].token};
+        const uint64_t version[] = {1};
+        bool whole = false;
+        return checker->Check(prompt, first, version, &whole);
+      };
+    } else {
+      d.check = [shape](std::span<const engine::Token> prompt,
+                        std::span<const engine::TokenOut> out) {
+        return engine::CheckOutput(prompt, out, shape);
+      };
+    }
+    for (const auto& [path, url] : {std::pair<std::string, std::string>{"plain", cluster.plain_url()},
+                                    {"P/D", cluster.router_url()}}) {
+      if (!status.ok()) break;
+      status = cluster.WaitIdle();
+      if (!status.ok()) break;
+      std::printf("decode under prefill, %s: %u requests of %u+%u tokens while prompts of %u "
+                  "tokens prefill, %.0f s ...\n",
+                  path.c_str(), o.decoders, kDecodePromptTokens, o.decode_tokens, largest,
+                  d.seconds);
+      std::fflush(stdout);
+      Result<DecodeUnderPrefill> r = MeasureDecodeUnderPrefill(url, d);
+      if (!r.ok()) {
+        status = Status(r.status().code(), "decode under prefill, " + path + ": " +
+                                               r.status().message());
+        break;
+      }
+      stalls.emplace_back(path, *r);
+    }
+    if (status.ok()) status = cluster.WaitIdle();
+  }
   const std::string stopped = cluster.Stop();
   if (!status.ok()) {
     return Status(status.code(), "[" + o.transport + "] " + status.message() + " (logs in " +
@@ -391,7 +504,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   }
   std::printf("\n%s, %s: TTFT p50 (p90) in ms; difference = P/D p50 − plain p50; predicted = KV "
               "bytes / measured bandwidth\n",
-              o.transport.c_str(), o.shape.c_str());
+              o.transport.c_str(), shape.name.c_str());
   std::printf("  %7s %10s %17s %17s %10s %10s %10s %10s %7s\n", "tokens", "KV", "plain",
               "P/D", "diff", "bandwidth", "predicted", "ans→tok", "ratio");
   for (const TtftComparison& f : figures) {
@@ -407,15 +520,45 @@ Status RunTtftBench(const TtftBenchOptions& o) {
               "relay back)\n");
   for (const LengthRun& r : runs) {
     if (r.producer_tokens < 0) continue;
-    std::printf("  %u tokens: D emitted P's first token in %.0f of %zu P/D requests (the rest "
-                "it computed from the loaded KV)\n",
-                r.tokens, r.producer_tokens, r.samples.pd_s.size());
+    std::printf("  %u tokens: D emitted P's first token in %.0f of %zu hand-offs (the P/D "
+                "requests and the transfers; the rest it computed from the loaded KV)\n",
+                r.tokens, r.producer_tokens, r.samples.pd_s.size() + r.samples.transfer_s.size());
   }
   for (const TtftComparison& f : figures) {
     std::printf("  %u tokens: until D has the KV (P/D TTFT − ans→tok, per request), p50 − plain "
                 "p50 = %.1f ms; P/D requests' own pull→answer p50 %.1f ms (from D's pull, "
                 "while P prefilled)\n",
                 f.prompt_tokens, f.until_answer_difference_s * 1e3, f.pd_pull_p50_s * 1e3);
+  }
+  for (const LengthRun& r : runs) {
+    if (!llama) break;
+    const KvCopies& k = r.copies;
+    std::printf("  %u tokens: llama.cpp's copies: export on P %.2f µs/token (%.1f ms per "
+                "prompt), import on D %.2f µs/token (%.1f ms per prompt); all %zu P/D outputs "
+                "equal the plain engine's, and %u plain one(s) llama.cpp alone's\n",
+                r.tokens, k.ExportUsPerToken(), k.ExportUsPerToken() * r.tokens / 1e3,
+                k.ImportUsPerToken(), k.ImportUsPerToken() * r.tokens / 1e3,
+                r.samples.pd_s.size(), r.reference_checked);
+  }
+  if (stalls.size() == 2) {
+    std::printf("\ndecode under prefill: %u requests of %u+%u tokens decoding while prompts of "
+                "%u tokens prefill, %.0f s per path\n",
+                o.decoders, kDecodePromptTokens, o.decode_tokens, largest,
+                o.decode_under_prefill_s);
+    std::printf("  %6s %16s %12s %12s %16s %14s\n", "path", "decode tokens/s", "gap p50 ms",
+                "gap p99 ms", "short requests", "long prompts");
+    for (const auto& [path, s] : stalls) {
+      std::printf("  %6s %16.1f %12.2f %12.2f %16llu %14llu\n", path.c_str(),
+                  s.decode_tokens_per_s, s.gap_p50_s * 1e3, s.gap_p99_s * 1e3,
+                  static_cast<unsigned long long>(s.decode_requests),
+                  static_cast<unsigned long long>(s.long_prompts));
+    }
+    const double plain = stalls[0].second.decode_tokens_per_s;
+    std::printf("  P/D ÷ plain decode tokens/s: %.2f; gap p99 plain ÷ P/D: %.2f\n",
+                plain > 0 ? stalls[1].second.decode_tokens_per_s / plain : 0,
+                stalls[1].second.gap_p99_s > 0
+                    ? stalls[0].second.gap_p99_s / stalls[1].second.gap_p99_s
+                    : 0);
   }
   std::printf("targets:\n");
   bool all_met = true;
@@ -430,7 +573,8 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   std::fflush(stdout);
 
   if (!o.json_path.empty()) {
-    json doc{{"transport", o.transport}, {"shape", o.shape}, {"seed", o.seed},
+    json doc{{"transport", o.transport}, {"shape", shape.name}, {"engine", o.engine},
+             {"seed", o.seed},
              {"samples", o.samples}, {"step_base_us", o.step_base_us},
              {"step_per_token_us", o.step_per_token_us},
              {"max_batch_tokens", o.max_batch_tokens}, {"pool_blocks", co.pool_blocks},
@@ -453,10 +597,28 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                       {"answer_to_token_p50_s", f.answer_to_token_p50_s},
                       {"until_answer_difference_s", f.until_answer_difference_s},
                       {"producer_first_tokens", runs[i].producer_tokens},
+                      {"export_us_per_token", runs[i].copies.ExportUsPerToken()},
+                      {"import_us_per_token", runs[i].copies.ImportUsPerToken()},
+                      {"reference_checked", runs[i].reference_checked},
                       {"plain_s", s.plain_s}, {"pd_s", s.pd_s}, {"transfer_s", s.transfer_s},
                       {"pd_pull_s", s.pd_pull_s}, {"answer_to_token_s", s.answer_to_token_s}});
     }
     doc["lengths"] = rows;
+    if (stalls.size() == 2) {
+      json paths = json::object();
+      for (const auto& [path, s] : stalls) {
+        paths[path == "plain" ? "plain" : "pd"] = {
+            {"decode_tokens_per_s", s.decode_tokens_per_s}, {"gap_p50_s", s.gap_p50_s},
+            {"gap_p99_s", s.gap_p99_s}, {"decode_requests", s.decode_requests},
+            {"long_prompts", s.long_prompts}};
+      }
+      doc["decode_under_prefill"] = {{"seconds", o.decode_under_prefill_s},
+                                     {"decoders", o.decoders},
+                                     {"decode_prompt_tokens", kDecodePromptTokens},
+                                     {"decode_tokens", o.decode_tokens},
+                                     {"prefill_tokens", largest},
+                                     {"paths", paths}};
+    }
     if (o.json_path == "-") {
       std::printf("%s\n", doc.dump(2).c_str());
     } else {

@@ -20,6 +20,13 @@
 // output is checked against the model; otherwise the run fails (a D that
 // recomputed would measure something else).
 //
+// --engine llama: llama.cpp engines (serve --engine llama) on one GGUF,
+// made in the logs folder unless --model names one. The P/D output of every
+// sample must equal the plain engine's for the same prompt token for token
+// (both are served alone), and each length's first plain output equals
+// llama.cpp alone's (LlamaChecker). The model's export (P) and import (D)
+// copies are read from the engines' /metrics and reported per token.
+//
 // Threading: the calling thread only.
 #pragma once
 
@@ -28,6 +35,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "llama/model_maker.h"
 
 namespace kvrelay::cli {
 
@@ -50,6 +58,20 @@ struct TtftBenchOptions {
   std::string logs = "/tmp/kvrelay-bench-ttft";
   std::string json_path;                 // "-" for stdout
   uint64_t seed = 1;
+  // --engine llama (see above). `make`: the model made without --model (its
+  // context grows to hold the largest prompt). --model-shape and the step
+  // times are the emulated model's and do not apply.
+  // The decode-under-prefill phase (cli/decode_under_prefill.h), after the
+  // TTFT samples: this many seconds on the plain engine, then as many
+  // through the router, with `decoders` short requests of `decode_tokens`
+  // tokens while prompts of the largest length prefill. 0: skipped.
+  double decode_under_prefill_s = 0;
+  uint32_t decoders = 4;
+  uint32_t decode_tokens = 64;
+  std::string engine = "emulated";
+  std::string model;
+  uint32_t threads = 1;
+  llama::MakeModelOptions make;
 };
 
 // Runs the bench, prints progress and the table to stdout. Errors: bad

@@ -64,6 +64,14 @@ struct Residency {
   uint64_t weights_version = 1;
 };
 
+// What a model's hand-off copies cost so far (ExportKv / ImportKv that
+// succeeded): a model that keeps its own KV measures them (llama.cpp); the
+// emulated model copies nothing and reports zeros. Times in nanoseconds.
+struct KvCopyCosts {
+  uint64_t exports = 0, exported_tokens = 0, export_ns = 0;
+  uint64_t imports = 0, imported_tokens = 0, import_ns = 0;
+};
+
 class ComputeModel {
  public:
   virtual ~ComputeModel() = default;
@@ -118,6 +126,8 @@ class ComputeModel {
   // 0 (its fingerprint is the weights version's), llama.cpp a hash of the
   // weights file.
   virtual uint64_t Identity() const { return 0; }
+  // The copies' costs so far (KvCopyCosts); read on the engine's thread.
+  virtual KvCopyCosts CopyCosts() const { return {}; }
   // True if the next token can come from the KV alone (SeqWork with from
   // == to and wants_token): the emulated model reads its digests. llama.cpp
   // samples from logits, which are not part of the KV: D then uses the

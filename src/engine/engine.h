@@ -136,6 +136,7 @@ struct EngineSnapshot {
   uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
   uint64_t exports_failed = 0;   // P: hand-offs whose KV the model could not export
   uint64_t imports_failed = 0;   // D: landed KV the model refused (a failed load)
+  KvCopyCosts kv_copy;           // the model's export (P) and import (D) copies
 };
 
 class Engine {

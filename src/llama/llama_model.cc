@@ -13,6 +13,7 @@
 #include "engine/sampling.h"
 #include "llama/kv_export.h"
 #include "llama/llama_backend.h"
+#include "os/clock.h"
 
 namespace kvrelay::llama {
 
@@ -93,9 +94,16 @@ class LlamaModelImpl final : public LlamaModel {
   void ForgetAll() override;
   Status Reside(const engine::Residency& want) override;
   Status ExportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
-                  engine::KvMemory& memory) override;
+                  engine::KvMemory& memory) override {
+    return Counted(&costs_.exports, &costs_.exported_tokens, &costs_.export_ns, n_tokens,
+                   [&] { return CopyOut(key, n_tokens, blocks, memory); });
+  }
   Status ImportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
-                  engine::KvMemory& memory) override;
+                  engine::KvMemory& memory) override {
+    return Counted(&costs_.imports, &costs_.imported_tokens, &costs_.import_ns, n_tokens,
+                   [&] { return CopyIn(key, n_tokens, blocks, memory); });
+  }
+  engine::KvCopyCosts CopyCosts() const override { return costs_; }
   uint64_t Identity() const override { return fingerprint_; }
   bool NextTokenFromKv() const override { return false; }
 
@@ -103,6 +111,23 @@ class LlamaModelImpl final : public LlamaModel {
   Status ProbeKvSize();
 
  private:
+  // Runs `copy`; if it succeeded, counts it, its tokens and its time.
+  template <typename Copy>
+  static Status Counted(uint64_t* copies, uint64_t* tokens, uint64_t* ns, uint32_t n_tokens,
+                        Copy copy) {
+    const Instant t0 = MonoNow();
+    Status s = copy();
+    if (s.ok()) {
+      ++*copies;
+      *tokens += n_tokens;
+      *ns += static_cast<uint64_t>((MonoNow() - t0).ns());
+    }
+    return s;
+  }
+  Status CopyOut(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+                 engine::KvMemory& memory);
+  Status CopyIn(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+                engine::KvMemory& memory);
   int32_t SeqFor(uint64_t key, uint32_t from);
   void BeginBatch();
   void AddToBatch(std::span<const engine::SeqWork> batch, size_t i);
@@ -128,6 +153,7 @@ class LlamaModelImpl final : public LlamaModel {
   // ExportKv / ImportKv scratch: a block's pieces, block contents.
   std::vector<std::span<uint8_t>> pieces_;
   std::vector<std::vector<uint8_t>> joined_;
+  engine::KvCopyCosts costs_;   // the copies that succeeded (engine thread)
 };
 
 
@@ -363,7 +389,7 @@ Status LlamaModelImpl::ProbeKvSize() {
 // The sequence's state, framed, written across the blocks' pieces in
 // order (engine/kv_memory.h BlockBytes); blocks past the frame's are left
 // as they are (D reads the frame's count from its header).
-Status LlamaModelImpl::ExportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+Status LlamaModelImpl::CopyOut(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
                                 engine::KvMemory& memory) {
   if (ctx_ == nullptr) return FailedPreconditionError("the KV context is not resident");
   auto it = seq_of_key_.find(key);
@@ -410,7 +436,7 @@ Status LlamaModelImpl::ExportKv(uint64_t key, uint32_t n_tokens, std::span<const
   return Status::Ok();
 }
 
-Status LlamaModelImpl::ImportKv(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
+Status LlamaModelImpl::CopyIn(uint64_t key, uint32_t n_tokens, std::span<const BlockId> blocks,
                                 engine::KvMemory& memory) {
   if (ctx_ == nullptr) return FailedPreconditionError("the KV context is not resident");
   KV_CHECK(seq_of_key_.find(key) == seq_of_key_.end());

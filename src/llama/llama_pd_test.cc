@@ -267,6 +267,19 @@ TEST_F(LlamaPdTest, DOutputsEqualLlamaCppAlone) {
   EXPECT_EQ(d.engine->stats().imports_failed, 0u);
   EXPECT_EQ(d.engine->stats().loads_recomputed, 0u);
   EXPECT_EQ(d.engine->Snapshot().producer_tokens, jobs.size());
+  // Every copy counted, with its tokens and a time (the bench reads them).
+  uint64_t tokens = 0;
+  for (const Job& j : jobs) tokens += j.prompt.size();
+  const engine::KvCopyCosts out = p.engine->Snapshot().kv_copy;
+  const engine::KvCopyCosts in = d.engine->Snapshot().kv_copy;
+  EXPECT_EQ(out.exports, jobs.size());
+  EXPECT_EQ(out.exported_tokens, tokens);
+  EXPECT_GT(out.export_ns, 0u);
+  EXPECT_EQ(out.imports, 0u);
+  EXPECT_EQ(in.imports, jobs.size());
+  EXPECT_EQ(in.imported_tokens, tokens);
+  EXPECT_GT(in.import_ns, 0u);
+  EXPECT_EQ(in.exports, 0u);
 }
 
 // Without P's token (producer_first_token off) D recomputes the prompt's
@@ -297,6 +310,7 @@ TEST_F(LlamaPdTest, ACorruptedBlockIsRefusedAndRecomputed) {
   ExpectReference(d, Path(1), jobs);
   EXPECT_EQ(d.engine->stats().imports_failed, 1u);
   EXPECT_EQ(d.engine->stats().loads_recomputed, 1u);
+  EXPECT_EQ(d.engine->Snapshot().kv_copy.imports, jobs.size() - 1) << "a refused copy is not one";
 }
 
 // Under the fail policy the refused load fails the request, cleanly.

@@ -164,6 +164,7 @@ struct MetricsRegistry::Series {
   std::unique_ptr<Gauge> gauge;
   std::unique_ptr<Histogram> histogram;
   std::function<uint64_t()> counter_fn;
+  std::function<double()> counter_seconds_fn;   // a counter of seconds
   std::function<double()> gauge_fn;
 };
 
@@ -238,6 +239,13 @@ void MetricsRegistry::AddCounterFn(std::string_view name, std::string_view help,
   AddSeries(name, help, Type::kCounter, labels, nullptr).counter_fn = std::move(fn);
 }
 
+void MetricsRegistry::AddSecondsCounterFn(std::string_view name, std::string_view help,
+                                          MetricLabels labels, std::function<double()> fn) {
+  KV_CHECK(fn != nullptr);
+  MutexLock lock(&mu_);
+  AddSeries(name, help, Type::kCounter, labels, nullptr).counter_seconds_fn = std::move(fn);
+}
+
 Gauge* MetricsRegistry::AddGauge(std::string_view name, std::string_view help,
                                  MetricLabels labels) {
   MutexLock lock(&mu_);
@@ -275,6 +283,10 @@ std::string MetricsRegistry::Render() const {
       const std::string braced = Braced(s->pairs);
       switch (f->type) {
         case Type::kCounter: {
+          if (s->counter_seconds_fn) {
+            out += f->name + braced + " " + FormatMetricValue(s->counter_seconds_fn()) + "\n";
+            break;
+          }
           const uint64_t v = s->counter ? s->counter->value() : s->counter_fn();
           out += f->name + braced + " " + std::to_string(v) + "\n";
           break;

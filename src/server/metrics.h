@@ -113,6 +113,9 @@ class MetricsRegistry {
   // A counter whose value `fn` reads at render time (e.g. kept by an actor).
   void AddCounterFn(std::string_view name, std::string_view help, MetricLabels labels,
                     std::function<uint64_t()> fn);
+  // A counter of seconds (a time spent, which only grows) read at render time.
+  void AddSecondsCounterFn(std::string_view name, std::string_view help, MetricLabels labels,
+                           std::function<double()> fn);
   Gauge* AddGauge(std::string_view name, std::string_view help, MetricLabels labels = {});
   // A gauge whose value `fn` reads at render time.
   void AddGaugeFn(std::string_view name, std::string_view help, MetricLabels labels,

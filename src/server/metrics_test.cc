@@ -126,6 +126,17 @@ TEST(MetricsTest, ValueFormatting) {
   EXPECT_EQ(FormatMetricValue(-std::numeric_limits<double>::infinity()), "-Inf");
 }
 
+TEST(MetricsTest, ASecondsCounterRendersItsFractionAsACounter) {
+  MetricsRegistry r;
+  double spent_s = 0.25;
+  r.AddSecondsCounterFn("x_seconds_total", "time spent", {}, [&] { return spent_s; });
+  EXPECT_EQ(r.Render(),
+            "# HELP x_seconds_total time spent\n# TYPE x_seconds_total counter\n"
+            "x_seconds_total 0.25\n");
+  spent_s = 1.5e-6;
+  EXPECT_NE(r.Render().find("x_seconds_total 0.0000015\n"), std::string::npos) << r.Render();
+}
+
 TEST(MetricsTest, HistogramSumIsExactSeconds) {
   Histogram h({1});
   h.Observe(Duration::Nanoseconds(1));

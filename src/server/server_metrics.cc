@@ -185,6 +185,19 @@ ServerMetrics::ServerMetrics() {
           "D: loads that landed but whose KV the model refused (another model's file, a "
           "corrupted or cut frame; llama.cpp engines): recomputed or failed by policy",
           {}, [s] { return s->engine.imports_failed; });
+  counter("kvrelay_kv_exported_tokens_total",
+          "P: prompt tokens whose KV the model copied into hand-off blocks (llama.cpp engines)",
+          {}, [s] { return s->engine.kv_copy.exported_tokens; });
+  r.AddSecondsCounterFn(
+      "kvrelay_kv_export_seconds_total",
+      "P: time the model spent copying KV into hand-off blocks (llama.cpp engines)", {},
+      [s] { return static_cast<double>(s->engine.kv_copy.export_ns) / 1e9; });
+  counter("kvrelay_kv_imported_tokens_total",
+          "D: prompt tokens whose landed KV the model took in (llama.cpp engines)", {},
+          [s] { return s->engine.kv_copy.imported_tokens; });
+  r.AddSecondsCounterFn("kvrelay_kv_import_seconds_total",
+                        "D: time the model spent taking landed KV in (llama.cpp engines)", {},
+                        [s] { return static_cast<double>(s->engine.kv_copy.import_ns) / 1e9; });
   const char* kTrHelp = "live sends (P), by state, summed over ranks";
   for (SendState st : {SendState::kWaiting, SendState::kReady, SendState::kDone}) {
     gauge("kvrelay_transfers", kTrHelp, {{"state", SendStateName(st)}}, [s, st] {
