@@ -8,7 +8,10 @@
 #include "cli/commands.h"
 #include "cli/http_bench.h"
 #include "cli/transfer_bench.h"
+#include "cli/llama_checker.h"
 #include "cli/llama_cluster.h"
+#include "cli/llama_serving.h"
+#include "llama/llama_model.h"
 #include "cli/ttft_bench.h"
 #include "runtime/auth_token.h"
 
@@ -359,10 +362,18 @@ int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& cont
   return r.passed() ? 0 : 1;
 }
 
+// bench load's judge for llama.cpp clusters: --check-model and its versions.
+struct LoadCheckFlags {
+  std::string model;                    // weights version 1
+  std::vector<std::string> versions;    // N=FILE.gguf
+  uint32_t threads = 1;
+};
+
 void RegisterLoadOptions(CLI::App* bench) {
   auto o = std::make_shared<LoadOptions>();
   auto controls = std::make_shared<std::vector<std::string>>();
   auto json_path = std::make_shared<std::string>();
+  auto check = std::make_shared<LoadCheckFlags>();
   auto* load = bench->add_subcommand(
       "load",
       "Load an OpenAI-compatible endpoint (the router or an engine) and check that nothing "
@@ -371,8 +382,47 @@ void RegisterLoadOptions(CLI::App* bench) {
   load->add_option("--engine", o->engines,
                    "engine URLs to check for idle (default: the endpoint's /engines)");
   AddLoadFlags(load, o.get(), controls.get(), json_path.get());
-  load->callback([o, controls, json_path] {
-    SetExitCode(RunLoadCommand(*o, *controls, *json_path));
+  load->add_option("--check-model", check->model,
+                   "the endpoint serves llama.cpp engines on this GGUF (their --model): judge "
+                   "outputs against llama.cpp alone on it (first token exact or within 1e-3 of "
+                   "its draw flipping; whole outputs counted) instead of the emulated model's "
+                   "rule; prompts are token ids below its vocabulary, asking ignore_eos");
+  load->add_option("--check-weights-version", check->versions,
+                   "with --check-model: VERSION=FILE.gguf for outputs made after an "
+                   "update_weights to VERSION (the engines' --weights-version)");
+  load->add_option("--check-threads", check->threads,
+                   "with --check-model: llama.cpp threads of the judge")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  load->callback([o, controls, json_path, check] {
+    LoadOptions run = *o;
+    if (!check->model.empty() || !check->versions.empty()) {
+      std::map<uint64_t, std::string> files;
+      if (Status s = ParseVersions(check->versions, "--check-weights-version", &files);
+          !s.ok() || check->model.empty() || !files.emplace(1, check->model).second) {
+        std::fprintf(stderr, "kvrelay bench load: %s\n",
+                     !s.ok()             ? s.message().c_str()
+                     : check->model.empty() ? "--check-weights-version needs --check-model"
+                                          : "--check-model is version 1; "
+                                            "--check-weights-version 1 given too");
+        SetExitCode(2);
+        return;
+      }
+      if (std::string why = llama::Unavailable(); !why.empty()) {
+        std::fprintf(stderr, "kvrelay bench load: --check-model: %s\n", why.c_str());
+        SetExitCode(2);
+        return;
+      }
+      Result<std::shared_ptr<LlamaChecker>> c = LlamaChecker::Open(files, check->threads);
+      if (!c.ok()) {
+        std::fprintf(stderr, "kvrelay bench load: --check-model: %s\n",
+                     c.status().message().c_str());
+        SetExitCode(2);
+        return;
+      }
+      run.checker = *c;
+    }
+    SetExitCode(RunLoadCommand(run, *controls, *json_path));
   });
 }
 

@@ -7,13 +7,15 @@
 namespace kvrelay::cli {
 
 Result<std::shared_ptr<LlamaChecker>> LlamaChecker::Open(std::map<uint64_t, std::string> files,
-                                                         uint32_t threads) {
+                                                         uint32_t threads,
+                                                         uint32_t context_tokens) {
   if (files.count(1) == 0) return InvalidArgumentError("no model file for weights version 1");
   Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(files.at(1));
   if (!tok.ok()) return tok.status();
   std::shared_ptr<LlamaChecker> c(new LlamaChecker());
   c->files_ = std::move(files);
   c->threads_ = threads;
+  c->context_tokens_ = context_tokens;
   c->vocab_ = (*tok)->vocab();
   return c;
 }
@@ -24,6 +26,10 @@ std::string LlamaChecker::Check(std::span<const engine::Token> prompt,
   *whole_exact = false;
   if (out.empty()) return "no tokens";
   if (versions.size() != out.size()) return "a weights version per token missing";
+  if (prompt.size() + out.size() > context_tokens_) {
+    return "a prompt and output of " + std::to_string(prompt.size() + out.size()) +
+           " tokens exceed the checker's context of " + std::to_string(context_tokens_);
+  }
   const uint64_t v = versions[0];
   auto file = files_.find(v);
   if (file == files_.end()) return "no model file for weights version " + std::to_string(v);
@@ -39,6 +45,7 @@ std::string LlamaChecker::Check(std::span<const engine::Token> prompt,
       llama::ReferenceOptions ro;
       ro.model_path = file->second;
       ro.threads = threads_;
+      ro.context_tokens = context_tokens_;
       Result<std::unique_ptr<llama::ReferenceDecoder>> r = llama::ReferenceDecoder::Open(ro);
       if (!r.ok()) return "reference decoder: " + r.status().message();
       d = std::move(*r);

@@ -26,9 +26,11 @@ namespace kvrelay::cli {
 
 class LlamaChecker final : public OutputChecker {
  public:
-  // `files`: weights version → GGUF (version 1: the served --model).
+  // `files`: weights version → GGUF (version 1: the served --model);
+  // `context_tokens`: the longest prompt and output it checks.
   static Result<std::shared_ptr<LlamaChecker>> Open(std::map<uint64_t, std::string> files,
-                                                    uint32_t threads);
+                                                    uint32_t threads,
+                                                    uint32_t context_tokens = 4096);
   static constexpr double kNearTie = 1e-3;
   uint32_t vocab() const override { return vocab_; }
   std::string Check(std::span<const engine::Token> prompt, std::span<const engine::Token> out,
@@ -39,6 +41,7 @@ class LlamaChecker final : public OutputChecker {
   LlamaChecker() = default;
   std::map<uint64_t, std::string> files_;
   uint32_t threads_ = 1;
+  uint32_t context_tokens_ = 4096;
   uint32_t vocab_ = 0;
   mutable std::mutex mu_;
   std::map<uint64_t, std::unique_ptr<llama::ReferenceDecoder>> decoders_;  // by version, lazily

@@ -24,7 +24,9 @@ class LlamaCodec final : public server::TextCodec {
   std::unique_ptr<llama::LlamaTokenizer> t_;
 };
 
-Status ParseVersions(const std::vector<std::string>& specs,
+}  // namespace
+
+Status ParseVersions(const std::vector<std::string>& specs, const std::string& flag,
                      std::map<uint64_t, std::string>* out) {
   for (const std::string& s : specs) {
     const size_t eq = s.find('=');
@@ -32,17 +34,15 @@ Status ParseVersions(const std::vector<std::string>& specs,
     const char* end = s.data() + (eq == std::string::npos ? 0 : eq);
     if (eq == std::string::npos || eq + 1 == s.size() ||
         std::from_chars(s.data(), end, v).ptr != end || v == 0) {
-      return InvalidArgumentError("--weights-version takes VERSION=FILE.gguf (VERSION >= 1), not '" +
-                                  s + "'");
+      return InvalidArgumentError(flag + " takes VERSION=FILE.gguf (VERSION >= 1), not '" + s +
+                                  "'");
     }
     if (!out->emplace(v, s.substr(eq + 1)).second) {
-      return InvalidArgumentError("--weights-version " + std::to_string(v) + " given twice");
+      return InvalidArgumentError(flag + " " + std::to_string(v) + " given twice");
     }
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 void AddLlamaServeFlags(CLI::App* cmd, LlamaServeFlags* f) {
   cmd->add_option("--engine", f->engine,
@@ -79,7 +79,10 @@ Status SetUpLlamaEngine(const LlamaServeFlags& f, server::ServerOptions* so,
   }
   llama::LlamaModelOptions lo;
   lo.model_path = f.model;
-  if (Status s = ParseVersions(f.weights_versions, &lo.versions); !s.ok()) return s;
+  if (Status s = ParseVersions(f.weights_versions, "--weights-version", &lo.versions);
+      !s.ok()) {
+    return s;
+  }
   lo.threads = f.threads;
   lo.context_tokens = eo.num_blocks * kLlamaBlockTokens;
   lo.max_sequences = eo.max_running;

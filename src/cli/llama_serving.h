@@ -7,6 +7,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,11 @@ struct LlamaServeFlags {
 };
 
 void AddLlamaServeFlags(CLI::App* cmd, LlamaServeFlags* flags);
+
+// "N=FILE.gguf" specs into version → file; `flag` names them in errors
+// (kInvalidArgument: not that form, version 0, a version twice).
+Status ParseVersions(const std::vector<std::string>& specs, const std::string& flag,
+                     std::map<uint64_t, std::string>* out);
 
 // For --engine llama: checks the flags against the rest of `so` (tp 1),
 // opens the model and its tokenizer, and points `so` at them (a shape

@@ -319,7 +319,8 @@ Status Validate(const TtftBenchOptions& o, const engine::ModelShape& shape) {
 // context long enough for `largest` tokens), its shape for `pool_blocks`,
 // the engines' flags and llama.cpp alone on it. Prints what it made.
 Status SetUpLlama(const TtftBenchOptions& o, const std::string& logs, uint32_t pool_blocks,
-                  BenchClusterOptions* co, std::shared_ptr<LlamaChecker>* checker) {
+                  BenchClusterOptions* co, std::shared_ptr<LlamaChecker>* checker,
+                  json* model_doc) {
   if (std::string why = llama::Unavailable(); !why.empty()) return UnavailableError(why);
   std::string path = o.model;
   if (path.empty()) {
@@ -344,11 +345,17 @@ Status SetUpLlama(const TtftBenchOptions& o, const std::string& logs, uint32_t p
   lo.max_sequences = 1;
   Result<std::unique_ptr<llama::LlamaModel>> model = llama::LlamaModel::Open(lo);
   if (!model.ok()) return model.status();
+  const llama::ModelInfo& info = (*model)->info();
+  *model_doc = {{"path", path}, {"made", o.model.empty()}, {"name", info.name},
+                {"layers", info.layers}, {"embd", info.embd}, {"heads", info.heads},
+                {"kv_heads", info.kv_heads}, {"vocab", info.vocab},
+                {"kv_bytes_per_token", info.kv_bytes_per_token}, {"threads", o.threads}};
   co->shape.clear();
   co->given_shape =
       llama::ShapeFor((*model)->info(), kLlamaBlockTokens, pool_blocks * kLlamaBlockTokens);
   co->engine_args = {"--engine", "llama", "--model", path, "--threads", std::to_string(o.threads)};
-  Result<std::shared_ptr<LlamaChecker>> c = LlamaChecker::Open({{1, path}}, o.threads);
+  Result<std::shared_ptr<LlamaChecker>> c =
+      LlamaChecker::Open({{1, path}}, o.threads, pool_blocks * kLlamaBlockTokens);
   if (!c.ok()) return c.status();
   *checker = *c;
   return Status::Ok();
@@ -380,8 +387,11 @@ Status RunTtftBench(const TtftBenchOptions& o) {
           : 0;
   co.pool_blocks = o.pool_blocks != 0 ? o.pool_blocks : largest_blocks + 16 + decoder_blocks;
   std::shared_ptr<LlamaChecker> checker;
+  json model_doc;   // --engine llama: the model
   if (llama) {
-    if (Status s = SetUpLlama(o, o.logs, co.pool_blocks, &co, &checker); !s.ok()) return s;
+    if (Status s = SetUpLlama(o, o.logs, co.pool_blocks, &co, &checker, &model_doc); !s.ok()) {
+      return s;
+    }
     shape = co.given_shape;
   }
   if (Status s = Validate(o, shape); !s.ok()) return s;
@@ -604,6 +614,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                       {"pd_pull_s", s.pd_pull_s}, {"answer_to_token_s", s.answer_to_token_s}});
     }
     doc["lengths"] = rows;
+    if (llama) doc["model"] = model_doc;
     if (stalls.size() == 2) {
       json paths = json::object();
       for (const auto& [path, s] : stalls) {

@@ -468,6 +468,12 @@ Result<KvStateInfo> DescribeState(std::span<const uint8_t> state) {
 }
 
 Result<std::vector<uint8_t>> ExportSequence(llama_context* ctx, int32_t seq_id) {
+  std::vector<uint8_t> out;
+  if (Status s = ExportSequenceInto(ctx, seq_id, &out); !s.ok()) return s;
+  return out;
+}
+
+Status ExportSequenceInto(llama_context* ctx, int32_t seq_id, std::vector<uint8_t>* out) {
   if (Status s = CheckSeq(ctx, seq_id, "sequence"); !s.ok()) return s;
   if (LastPos(ctx, seq_id) < 0) {
     return FailedPreconditionError("sequence " + std::to_string(seq_id) + " holds no tokens");
@@ -476,13 +482,13 @@ Result<std::vector<uint8_t>> ExportSequence(llama_context* ctx, int32_t seq_id) 
   if (size == 0) {
     return InternalError("llama.cpp could not size sequence " + std::to_string(seq_id));
   }
-  std::vector<uint8_t> out(size);
-  const size_t n = llama_state_seq_get_data(ctx, out.data(), out.size(), seq_id);
+  out->resize(size);
+  const size_t n = llama_state_seq_get_data(ctx, out->data(), out->size(), seq_id);
   if (n != size) {
     return InternalError("llama.cpp wrote " + std::to_string(n) + " of the " +
                          std::to_string(size) + " bytes of sequence " + std::to_string(seq_id));
   }
-  return out;
+  return Status::Ok();
 }
 
 Status ImportSequence(llama_context* ctx, int32_t seq_id, std::span<const uint8_t> state) {
@@ -555,6 +561,19 @@ size_t BlocksFor(size_t state_bytes, size_t block_bytes) {
 Result<std::vector<std::vector<uint8_t>>> CutIntoBlocks(const KvIdentity& id,
                                                         std::span<const uint8_t> state,
                                                         size_t block_bytes) {
+  std::vector<std::vector<uint8_t>> out;
+  Result<size_t> n = FrameInto(id, state, block_bytes,
+                               [&](size_t b, size_t offset, std::span<const uint8_t> bytes) {
+                                 if (b == out.size()) out.emplace_back(block_bytes);
+                                 std::memcpy(out[b].data() + offset, bytes.data(), bytes.size());
+                               });
+  if (!n.ok()) return n.status();
+  KV_CHECK_EQ(*n, out.size());
+  return out;
+}
+
+Result<size_t> FrameInto(const KvIdentity& id, std::span<const uint8_t> state,
+                         size_t block_bytes, const FrameWriter& write) {
   if (block_bytes < kKvFrameHeaderBytes || block_bytes > UINT32_MAX) {
     return InvalidArgumentError("blocks of " + std::to_string(block_bytes) +
                                 " bytes: a KV frame needs " +
@@ -574,17 +593,24 @@ Result<std::vector<std::vector<uint8_t>>> CutIntoBlocks(const KvIdentity& id,
   h.pos_max = info->pos_max;
   h.id = id;
   const std::vector<uint8_t> header = EncodeHeader(h);
-  std::vector<std::vector<uint8_t>> out(blocks, std::vector<uint8_t>(block_bytes, 0));
-  std::memcpy(out[0].data(), header.data(), header.size());
+  write(0, 0, header);
   size_t at = 0;  // bytes of `state` placed
   for (size_t b = 0; b < blocks; ++b) {
     const size_t offset = b == 0 ? header.size() : 0;
     const size_t n = std::min(block_bytes - offset, state.size() - at);
-    if (n > 0) std::memcpy(out[b].data() + offset, state.data() + at, n);
+    if (n > 0) write(b, offset, state.subspan(at, n));
     at += n;
+    if (offset + n < block_bytes) {   // the last block's padding
+      static const std::vector<uint8_t> zeros(4096, 0);
+      for (size_t pad = offset + n; pad < block_bytes;) {
+        const size_t k = std::min(zeros.size(), block_bytes - pad);
+        write(b, pad, std::span<const uint8_t>(zeros.data(), k));
+        pad += k;
+      }
+    }
   }
   KV_CHECK_EQ(at, state.size());
-  return out;
+  return blocks;
 }
 
 Result<uint32_t> FramedBlockCount(std::span<const uint8_t> first_block) {
@@ -599,6 +625,14 @@ Result<uint32_t> FramedBlockCount(std::span<const uint8_t> first_block) {
 
 Result<KvReceived> JoinBlocks(std::span<const std::span<const uint8_t>> blocks,
                               const KvIdentity& expected) {
+  KvReceived out;
+  if (Status s = JoinBlocksInto(blocks, expected, &out); !s.ok()) return s;
+  return out;
+}
+
+Status JoinBlocksInto(std::span<const std::span<const uint8_t>> blocks, const KvIdentity& expected,
+                      KvReceived* received) {
+  KvReceived& out = *received;
   if (blocks.empty()) return DataLoss("no KV blocks");
   if (blocks[0].size() < kKvFrameHeaderBytes) {
     return DataLoss("KV block 0 has " + std::to_string(blocks[0].size()) +
@@ -614,7 +648,6 @@ Result<KvReceived> JoinBlocks(std::span<const std::span<const uint8_t>> blocks,
   if (h->blocks != BlocksFor(h->state_bytes, h->block_bytes)) {
     return DataLoss("the KV frame's header is inconsistent (blocks for its size)");
   }
-  KvReceived out;
   out.sender = h->id;
   out.n_tokens = h->n_tokens;
   out.pos_min = h->pos_min;
@@ -636,7 +669,7 @@ Result<KvReceived> JoinBlocks(std::span<const std::span<const uint8_t>> blocks,
     return DataLoss("the KV state is corrupted (checksum mismatch over " +
                     std::to_string(out.state.size()) + " bytes)");
   }
-  return out;
+  return Status::Ok();
 }
 
 }  // namespace kvrelay::llama

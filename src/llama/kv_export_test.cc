@@ -192,6 +192,41 @@ class KvExportTest : public ::testing::Test {
 
 fs::path* KvExportTest::dir_ = nullptr;
 
+// FrameInto writes every byte of every block once, in order: the header,
+// the state, then zeros to the last block's end; reused, the state buffer
+// of ExportSequenceInto gives the same bytes.
+TEST_F(KvExportTest, FrameIntoWritesEachBlockWholeInOrder) {
+  std::vector<uint8_t> state = {1, 2, 3};   // the reused buffer's old bytes
+  ASSERT_TRUE(ExportSequenceInto(a_.get(), 2, &state).ok());
+  Result<std::vector<uint8_t>> fresh = ExportSequence(a_.get(), 2);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(state, *fresh);
+  constexpr size_t kBlock = 4096;
+  std::vector<std::vector<uint8_t>> got;
+  Result<size_t> n = FrameInto(id_, state, kBlock,
+                               [&](size_t b, size_t offset, std::span<const uint8_t> bytes) {
+                                 if (b == got.size()) got.emplace_back();
+                                 ASSERT_EQ(b + 1, got.size()) << "blocks in order";
+                                 ASSERT_EQ(offset, got[b].size()) << "bytes in order";
+                                 got[b].insert(got[b].end(), bytes.begin(), bytes.end());
+                               });
+  ASSERT_TRUE(n.ok());
+  ASSERT_EQ(*n, got.size());
+  ASSERT_EQ(*n, BlocksFor(state.size(), kBlock));
+  std::vector<uint8_t> all;
+  for (const auto& b : got) {
+    EXPECT_EQ(b.size(), kBlock);
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  EXPECT_TRUE(std::equal(state.begin(), state.end(), all.begin() + kKvFrameHeaderBytes));
+  EXPECT_TRUE(std::all_of(all.begin() + kKvFrameHeaderBytes + state.size(), all.end(),
+                          [](uint8_t v) { return v == 0; }));
+  std::vector<std::span<const uint8_t>> spans(got.begin(), got.end());
+  Result<KvReceived> back = JoinBlocks(spans, id_);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->state, state);
+}
+
 TEST_F(KvExportTest, ImportedSequenceDecodesBitIdentically) {
   Result<std::vector<uint8_t>> state = ExportSequence(a_.get(), 2);
   ASSERT_TRUE(state.ok()) << state.status().ToString();

@@ -6,6 +6,7 @@
 #include <llama.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <unordered_map>
 
@@ -153,6 +154,8 @@ class LlamaModelImpl final : public LlamaModel {
   // ExportKv / ImportKv scratch: a block's pieces, block contents.
   std::vector<std::span<uint8_t>> pieces_;
   std::vector<std::vector<uint8_t>> joined_;
+  std::vector<uint8_t> state_;   // CopyOut's export, its capacity reused
+  KvReceived received_;          // CopyIn's joined state, its capacity reused
   engine::KvCopyCosts costs_;   // the copies that succeeded (engine thread)
 };
 
@@ -396,9 +399,9 @@ Status LlamaModelImpl::CopyOut(uint64_t key, uint32_t n_tokens, std::span<const 
   if (it == seq_of_key_.end() || blocks.empty()) {
     return FailedPreconditionError("no KV to export for this request");
   }
-  Result<std::vector<uint8_t>> state = ExportSequence(ctx_, it->second);
-  if (!state.ok()) return state.status();
-  Result<KvStateInfo> described = DescribeState(*state);
+  if (Status s = ExportSequenceInto(ctx_, it->second, &state_); !s.ok()) return s;
+  const std::span<const uint8_t> state(state_);
+  Result<KvStateInfo> described = DescribeState(state);
   if (!described.ok()) return described.status();
   if (described->n_tokens != n_tokens || described->pos_min != 0 ||
       described->pos_max + 1 != static_cast<int32_t>(n_tokens)) {
@@ -413,26 +416,37 @@ Status LlamaModelImpl::CopyOut(uint64_t key, uint32_t n_tokens, std::span<const 
   if (block_bytes < kKvFrameHeaderBytes) {
     return FailedPreconditionError("the engine's blocks hold no bytes for llama.cpp's KV");
   }
-  const size_t needed = BlocksFor(state->size(), block_bytes);
+  const size_t needed = BlocksFor(state.size(), block_bytes);
   if (needed > blocks.size()) {
-    return ResourceExhaustedError(std::to_string(state->size()) + " bytes of KV need " +
+    return ResourceExhaustedError(std::to_string(state.size()) + " bytes of KV need " +
                                   std::to_string(needed) + " blocks of " +
                                   std::to_string(block_bytes) + " bytes; the request has " +
                                   std::to_string(blocks.size()));
   }
-  Result<std::vector<std::vector<uint8_t>>> framed =
-      CutIntoBlocks(LocalIdentity(fingerprint_), *state, block_bytes);
+  // Straight into the blocks' pieces: no copy of the frame in between.
+  size_t pieces_of = SIZE_MAX;   // the block pieces_ holds
+  Result<size_t> framed = FrameInto(
+      LocalIdentity(fingerprint_), state, block_bytes,
+      [&](size_t b, size_t offset, std::span<const uint8_t> bytes) {
+        if (b != pieces_of) {
+          memory.BlockBytes(blocks[b], &pieces_);
+          pieces_of = b;
+        }
+        for (const auto& p : pieces_) {   // the pieces [offset, offset + bytes) falls in
+          if (bytes.empty()) break;
+          if (offset >= p.size()) {
+            offset -= p.size();
+            continue;
+          }
+          const size_t n = std::min(p.size() - offset, bytes.size());
+          std::memcpy(p.data() + offset, bytes.data(), n);
+          bytes = bytes.subspan(n);
+          offset = 0;
+        }
+        KV_CHECK(bytes.empty());
+      });
   if (!framed.ok()) return framed.status();
-  KV_CHECK_EQ(framed->size(), needed);
-  for (size_t b = 0; b < needed; ++b) {
-    memory.BlockBytes(blocks[b], &pieces_);
-    size_t at = 0;
-    for (const auto& p : pieces_) {
-      std::copy_n((*framed)[b].data() + at, p.size(), p.data());
-      at += p.size();
-    }
-    KV_CHECK_EQ(at, block_bytes);
-  }
+  KV_CHECK_EQ(*framed, needed);
   return Status::Ok();
 }
 
@@ -461,8 +475,10 @@ Status LlamaModelImpl::CopyIn(uint64_t key, uint32_t n_tokens, std::span<const B
     if (b > 0) gather(blocks[b], &joined_[b]);
     spans.emplace_back(joined_[b]);
   }
-  Result<KvReceived> received = JoinBlocks(spans, LocalIdentity(fingerprint_));
-  if (!received.ok()) return received.status();
+  KvReceived* received = &received_;
+  if (Status s = JoinBlocksInto(spans, LocalIdentity(fingerprint_), received); !s.ok()) {
+    return s;
+  }
   if (received->n_tokens != n_tokens || received->pos_min != 0 ||
       received->pos_max + 1 != static_cast<int32_t>(n_tokens)) {
     return FailedPreconditionError("the KV holds " + std::to_string(received->n_tokens) +

@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -953,6 +954,35 @@ TEST(LlamaPdServeTest, DServingAnotherFileComputesThePromptItself) {
   const std::string dm = c.d->Metrics();
   EXPECT_EQ(MetricSum(dm, "kvrelay_loads_total", R"(outcome="ok")"), 0);
   EXPECT_EQ(MetricSum(dm, "kvrelay_loads_total", R"(outcome="failed")"), jobs.size());
+}
+
+// `bench load --check-model` judges a llama cluster's load against llama.cpp
+// alone on that file: it passes on the file P and D serve, and fails on
+// another one (every first token then differs from the judge's).
+TEST(LlamaPdServeTest, BenchLoadJudgesOutputsAgainstTheGivenModel) {
+  ASSERT_TRUE(Models::ready());
+  PdCluster c = StartPd(Models::Path("v1"), Models::Path("v1"), "shm");
+  ASSERT_TRUE(c.router);
+  const std::string json_path =
+      (std::filesystem::temp_directory_path() / ("bench-load-" + std::to_string(getpid()) +
+                                                 ".json")).string();
+  auto load = [&](const std::string& model) {
+    const std::string cmd = std::string(KvrelayBinary()) + " bench load --url http://127.0.0.1:" +
+                            std::to_string(c.router->port()) + " -n 40 -c 8 --probes 2 " +
+                            "--prompt-tokens-max 200 --check-model '" + model + "' --json '" +
+                            json_path + "' 2>&1";
+    std::fflush(stdout);
+    const int status = std::system(cmd.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  ASSERT_EQ(load(Models::Path("v1")), 0);
+  std::ifstream in(json_path);
+  const json report = json::parse(in, nullptr, false);
+  ASSERT_FALSE(report.is_discarded());
+  EXPECT_EQ(report.value("failed", -1), 0);
+  EXPECT_GE(report.value("whole_exact", -1), 30) << "most of the 40 outputs whole-exact";
+  EXPECT_EQ(load(Models::Path("v2")), 1) << "outputs of v1 judged against v2 must fail";
+  std::filesystem::remove(json_path);
 }
 
 // --- a known limitation, kept as its reproduction ------------------------------------
