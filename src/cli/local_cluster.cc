@@ -1,9 +1,9 @@
 #include "cli/local_cluster.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
-
 
 #include "http/http_client.h"
 #include "runtime/free_port.h"
@@ -33,6 +33,9 @@ bool WaitHealthy(const std::string& url, ChildProcess& child, double timeout_s) 
   }
   return false;
 }
+
+// main.cc's flag: a child stops when this process exits, however it exits.
+const char* ExitWithParent() { return "--exit-with-parent"; }
 }  // namespace
 
 Status LocalCluster::Start(const ClusterOptions& o) {
@@ -51,7 +54,7 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   auto engine = [&](const char* role, uint32_t index, uint32_t tp) -> Status {
     const uint16_t port = FreePort(), ctrl = FreePort(tp);
     if (port == 0 || ctrl == 0) return Status(StatusCode::kUnavailable, "no free port");
-    std::vector<std::string> a = {self, "serve", "--role", role, "--port", std::to_string(port),
+    std::vector<std::string> a = {self, ExitWithParent(), std::to_string(getpid()), "serve", "--role", role, "--port", std::to_string(port),
                                   "--ctrl-port", std::to_string(ctrl), "--tp", std::to_string(tp),
                                   "--transport", o.transport,
                                   "--step-per-token-us", std::to_string(o.step_per_token_us)};
@@ -92,7 +95,8 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   }
   const uint16_t rport = FreePort();
   router_url_ = "http://127.0.0.1:" + std::to_string(rport);
-  std::vector<std::string> ra = {self, "router", "--port", std::to_string(rport)};
+  std::vector<std::string> ra = {self, ExitWithParent(), std::to_string(getpid()), "router",
+                                 "--port", std::to_string(rport)};
   if (!o.auth_token_file.empty()) {
     ra.push_back("--auth-token-file");
     ra.push_back(o.auth_token_file);

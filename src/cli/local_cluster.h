@@ -38,6 +38,9 @@ class LocalCluster {
   LocalCluster() = default;
   ~LocalCluster() { Stop(); }
   // Starts everything and waits until each answers /health (bounded).
+  // Each child stops (SIGTERM) when this process exits, even uncleanly
+  // (`kvrelay --exit-with-parent`); the kernel ties that to the thread that
+  // started it, so Start and Restart run on one that outlives the cluster.
   Status Start(const ClusterOptions& options);
   // SIGTERM to each (router first), SIGKILL after a grace period. Returns
   // one line describing how each exited; *clean says all exited 0.
