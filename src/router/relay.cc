@@ -112,6 +112,7 @@ void Relay::Drive() {
     if (!logic_.ReadyToCommit()) return;
     if (logic_.decided()) {
       ClientReply r = logic_.Reply();
+      CountOutcome();
       exchange_->Respond(r.status, r.content_type, std::move(r.body));
       replied_ = true;
       if (logic_.stream() && logic_.outcome() == Outcome::kOk) NoteFirstToken();
@@ -123,6 +124,7 @@ void Relay::Drive() {
   if (!logic_.HasBody()) return;
   bool finished = false, has_tokens = false;
   std::string out = logic_.TakeBody(&finished, &has_tokens);
+  if (finished) CountOutcome();
   if (!out.empty()) exchange_->Write(std::move(out));
   if (has_tokens) NoteFirstToken();
   if (finished) {
@@ -230,6 +232,12 @@ void Relay::Shutdown() {
   Feed([](RelayLogic& l) { l.Shutdown(); });
 }
 
+void Relay::CountOutcome() {
+  if (counted_) return;
+  counted_ = true;
+  metrics_->RequestFinished(logic_.outcome(), (kvrelay::MonoNow() - arrived_).seconds());
+}
+
 void Relay::Finish() {
   Outcome outcome;
   std::string message;
@@ -237,11 +245,11 @@ void Relay::Finish() {
     MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
+    CountOutcome();   // if no response was written (the client left, a shutdown)
     outcome = logic_.outcome();
     message = logic_.failure_message();
   }
   const double seconds = (kvrelay::MonoNow() - arrived_).seconds();
-  metrics_->RequestFinished(outcome, seconds);
   if (outcome != Outcome::kOk && outcome != Outcome::kBadRequest) {
     Log("router", "request %llu (transfer %s, P %s, D %s): %s after %.3f s%s%s",
         static_cast<unsigned long long>(id_), transfer_.ToString().c_str(),

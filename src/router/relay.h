@@ -86,6 +86,8 @@ class Relay : public std::enable_shared_from_this<Relay> {
   void NoteFirstToken() REQUIRES(mu_);
   void ApplyCancels() EXCLUDES(mu_);
   void Finish() EXCLUDES(mu_);
+  // The outcome into the metrics, once (counted_).
+  void CountOutcome() REQUIRES(mu_);
 
   const uint64_t id_;
   const RelayOptions options_;
@@ -110,6 +112,9 @@ class Relay : public std::enable_shared_from_this<Relay> {
   bool replied_ GUARDED_BY(mu_) = false;    // the client's response is over
   bool ttft_noted_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;
+  // The outcome is in the metrics: counted just before the response's last
+  // byte goes, so a client that has its answer sees it counted.
+  bool counted_ GUARDED_BY(mu_) = false;
   double first_token_s_ GUARDED_BY(mu_) = -1;   // to report, outside the lock
 };
 

@@ -54,8 +54,9 @@ struct RouterServer::Impl : std::enable_shared_from_this<RouterServer::Impl> {
   void SweepLoop() EXCLUDES(relays_mu);
   void Reject(http::Exchange& ex, Instant arrived, int code, const std::string& message,
               const char* type, Outcome outcome) {
-    SendError(ex, code, message, type);
+    // Counted first: a client that has its answer sees it in /metrics.
     metrics->RequestFinished(outcome, (kvrelay::MonoNow() - arrived).seconds());
+    SendError(ex, code, message, type);
   }
 };
 
