@@ -532,9 +532,13 @@ void RankSession::SetState(ProducerPeer& p, ProducerState s, const std::string& 
 }
 
 void RankSession::Heartbeat(Instant now) {
-  // Heartbeats that did not run (a driver that skips idle ticks, or a
-  // stalled loop) sent no hellos: that silence is ours, not the peers'.
-  const bool resumed = now - next_heartbeat_ > options_.timings.heartbeat;
+  // A loop that ran no heartbeat for as long as a peer is given to answer
+  // (a driver that skips idle ticks, or a stalled process) sent no hellos:
+  // that silence is ours, not the peers', and counting starts afresh. A
+  // timer merely late (by less than that) still counts: resetting on every
+  // late tick would let a busy loop never find a dead peer.
+  const Instant last_heartbeat = next_heartbeat_ - options_.timings.heartbeat;
+  const bool resumed = now - last_heartbeat > options_.timings.peer_down_after;
   next_heartbeat_ = now + options_.timings.heartbeat;
   for (auto& [key, p] : producers_) {
     if (resumed) p.silent_since.reset();

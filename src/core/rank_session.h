@@ -19,7 +19,9 @@
 //     the same incarnation, which proves the peer alive after all; a newer
 //     incarnation replaces the peer whatever the state). Every heartbeat D
 //     sends each producer a hello (a Handshake); P's reply is the liveness
-//     proof. Silence is counted from the first hello after the last reply:
+//     proof. Silence is counted from the first hello after the last reply
+//     (afresh after a gap of peer_down_after between two heartbeats: a
+//     stalled or idle loop's own silence; timers late by less still count):
 //     past peer_down_after the peer is DOWN, past peer_dead_after GONE (a
 //     new load naming it fails until it answers again; its loads in flight
 //     fail now where the transport refuses late writes, else they wait for

@@ -246,6 +246,53 @@ TEST(RankSessionTest, SilentProducerGoesDownThenGoneAndSameIncarnationComesBack)
   EXPECT_EQ(r.d->stats().handshakes, 1u);
 }
 
+// Rule: heartbeats that run late still count silence (a busy loop must still
+// find a dead peer: sim seed 6215902589, whose timers ran up to 12 ms late on
+// a 7 ms heartbeat and never declared a crashed P gone); a gap of more than
+// peer_down_after between two heartbeats is the loop's own silence (stalled
+// or idle) and counting starts afresh.
+TEST(RankSessionTest, LateHeartbeatsCountSilenceAndAStallStartsItAfresh) {
+  Rig r;
+  r.Handshake(At(0));
+  r.Load(At(0), {BlockId{10, 1}});
+  r.Run(At(0), /*connected=*/false);
+  auto state = [&] { return r.d->Producer(kPEngine, 0)->state; };
+  // Every tick 1.9 s late on a 1 s heartbeat: 2.9 s, 5.8 s, 8.7 s, ...
+  // silent since 2.9 s, down past 3 s (8.7), gone past 10 s (14.5).
+  int64_t ms = 0;
+  for (int tick = 1; tick <= 4; ++tick) {
+    ms += 2900;
+    r.d->OnTimer(At(ms));
+    r.Run(At(ms), false);
+    EXPECT_EQ(state(), tick < 3 ? ProducerState::kUp : ProducerState::kDown) << ms;
+  }
+  EXPECT_TRUE(r.Finished(At(ms)).empty());
+  ms += 2900;
+  r.d->OnTimer(At(ms));
+  r.Run(At(ms), false);
+  EXPECT_EQ(state(), ProducerState::kGone);
+  std::vector<LoadDone> done = r.Finished(At(ms));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].first_error, TransferResult::kUnreachable);
+
+  // The network is back; then a hello goes unanswered and the loop stalls
+  // for 20 s: on waking, that is no proof against the peer.
+  ms += 1000;
+  r.d->OnTimer(At(ms));
+  r.Run(At(ms));
+  ASSERT_EQ(state(), ProducerState::kUp);
+  r.Load(At(ms), {BlockId{11, 1}}, TransferId{9, 2}, RequestId{2, 1});
+  r.Run(At(ms), false);
+  ms += 1000;
+  r.d->OnTimer(At(ms));  // silent from here
+  r.Run(At(ms), false);
+  ms += 20000;
+  r.d->OnTimer(At(ms));
+  r.Run(At(ms), false);
+  EXPECT_EQ(state(), ProducerState::kUp);
+  EXPECT_TRUE(r.Finished(At(ms)).empty());
+}
+
 // Rule: a newer incarnation proves the old process gone (its pulls fail); a
 // reply of an older one afterwards is a stale frame and changes nothing.
 TEST(RankSessionTest, NewerIncarnationReplacesProducerAndOlderOneIsStale) {

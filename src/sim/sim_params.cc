@@ -94,6 +94,16 @@ SimParams DrawParams(uint64_t seed) {
   p.timings.heartbeat = Duration::Milliseconds(prng.Range(5, 100));
   p.timings.peer_down_after = p.timings.heartbeat * prng.Range(2, 4);
   p.timings.peer_dead_after = p.timings.peer_down_after + p.timings.heartbeat * prng.Range(1, 6);
+  // A heartbeat late by up to timer_late_max is a late heartbeat, not a
+  // stall (RankSession counts silence afresh only after a gap of
+  // peer_down_after): keep the two apart, so silence finds a dead P within
+  // the bound CheckDeadProducers holds it to. (No draw: seeds keep theirs.)
+  if (const Duration gap_max = p.timings.heartbeat + p.timer_late_max;
+      p.timings.peer_down_after < gap_max) {
+    const Duration extra = gap_max - p.timings.peer_down_after;
+    p.timings.peer_down_after = p.timings.peer_down_after + extra;
+    p.timings.peer_dead_after = p.timings.peer_dead_after + extra;
+  }
   p.same_host_pm = prng.OneIn(3) ? 0 : static_cast<uint32_t>(prng.Range(1, 1000));
   if (!prng.OneIn(3)) p.crash_downtime_max = p.timings.peer_dead_after * 2;
   p.auth = prng.OneIn(4);
