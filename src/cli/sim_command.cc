@@ -37,6 +37,7 @@ struct SimCliOptions {
   int64_t seed = -1;
   bool trace = false;
   double budget_s = 0;
+  bool fail_fast = false;
   int jobs = 0;
   std::string regressions;
   bool require_marks = false;
@@ -281,7 +282,21 @@ void HandleLine(const std::string& line, Worker& w, const std::vector<uint64_t>&
   }
 }
 
-Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bool verbose) {
+// Stops every worker still running (fail-fast): their seeds count neither
+// way.
+void StopAll(std::vector<Worker>& workers) {
+  for (auto& w : workers) {
+    if (w.fd < 0) continue;
+    kill(w.pid, SIGKILL);
+    close(w.fd);
+    w.fd = -1;
+    int status = 0;
+    waitpid(w.pid, &status, 0);
+  }
+}
+
+Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bool fail_fast,
+               bool verbose) {
   Totals t;
   jobs = std::max(1, std::min<int>(jobs, static_cast<int>(seeds.size())));
   std::vector<Worker> workers(jobs);
@@ -335,6 +350,10 @@ Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bo
         }
       }
       --alive;
+    }
+    if (fail_fast && t.failed > 0) {
+      StopAll(workers);
+      break;
     }
     auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last_progress).count() >= 2.0) {
@@ -437,7 +456,7 @@ int RunCommand(const SimCliOptions& o) {
   std::fflush(stdout);
   const int jobs = o.jobs > 0 ? o.jobs : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   auto t0 = std::chrono::steady_clock::now();
-  Totals t = RunMany(seeds, jobs, o.budget_s, o.verbose);
+  Totals t = RunMany(seeds, jobs, o.budget_s, o.fail_fast, o.verbose);
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int rc = t.failed > 0 ? 1 : 0;
   for (const auto& f : t.failures) std::printf("%s\n", f.c_str());
@@ -496,6 +515,8 @@ void RegisterSim(CLI::App& app) {
   cmd->add_option("--budget-s", o->budget_s,
                   "Stop starting new seeds after this many seconds (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--fail-fast", o->fail_fast,
+               "Stop at the first failing seed (the other workers' seeds are not counted)");
   cmd->add_option("--jobs", o->jobs, "Worker processes (default: one per core)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--regressions", o->regressions,
