@@ -85,6 +85,12 @@ void RankActor::Stop() {
   inbox_.Kick();
   thread_.join();
   inbox_.Close();  // writers finishing now post nothing
+  // What was posted after the loop's last look is dropped, not left queued:
+  // a caller waiting on a closure's promise (State) sees it broken now
+  // instead of waiting out its timeout (which held an engine's exit 10 s).
+  std::deque<Inbox::Fn> dropped;
+  inbox_.Take(&dropped);
+  dropped.clear();
   writers_->Stop();
 }
 
@@ -133,9 +139,11 @@ Status RankActor::EnsureProducers(uint32_t engine, const std::string& host, uint
 }
 
 std::optional<RankState> RankActor::State() {
+  // The closure owns the promise: dropped unrun (the actor stopped), it
+  // breaks the future at once.
   auto p = std::make_shared<std::promise<RankState>>();
   auto f = p->get_future();
-  if (!inbox_.Post([this, p] {
+  if (!inbox_.Post([this, p = std::move(p)] {
         RankState s = StateOf(session_, options_.rank, MonoNow(), [this](uint32_t e, uint32_t r) {
           auto c = conns_.find({e, r});
           return c == conns_.end() ? std::string() : c->second.endpoint;
@@ -145,7 +153,11 @@ std::optional<RankState> RankActor::State() {
     return std::nullopt;
   }
   if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return std::nullopt;
-  return f.get();
+  try {
+    return f.get();
+  } catch (const std::future_error&) {  // broken: the actor stopped first
+    return std::nullopt;
+  }
 }
 
 // --- the loop ----------------------------------------------------------------

@@ -1520,11 +1520,16 @@ class ShutdownUnderLoadTest : public ServeFixture {
     victim.proc().Kill(SIGTERM);
     const auto t0 = Clock::now();
     std::optional<int> st = victim.proc().Wait(20s);
+    const double exit_s = SecondsSince(t0);
     stop = true;
     for (auto& t : threads) t.join();
-    std::printf("[info] %d requests before SIGTERM; %s exited %.3f s after it\n", before,
-                victim.config().name.c_str(), SecondsSince(t0));
+    std::printf("[info] %d requests before SIGTERM; %s exited %.3f s after it (clients joined "
+                "%.3f s after it)\n",
+                before, victim.config().name.c_str(), exit_s, SecondsSince(t0));
     ASSERT_TRUE(st.has_value()) << victim.config().name << " still runs 20 s after SIGTERM";
+    // The drain answers every pull and ends every load; nothing in it waits
+    // for a timeout (its bound is 5 s).
+    EXPECT_LT(exit_s, 4.0) << victim.config().name << " took " << exit_s << " s to exit";
     EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
         << victim.config().name << " ended with "
         << (WIFSIGNALED(*st) ? std::string("signal ") + strsignal(WTERMSIG(*st))
