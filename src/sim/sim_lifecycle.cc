@@ -25,9 +25,9 @@ void Simulator::Crash(uint32_t e) {
     // the process gone; the others find out by its successor or silence.
     Death& death = deaths_[{e, node.incarnation}];
     death.at = now_;
-    for (const LinkKey& link : lanes_) {
+    for (const auto& [link, lane_incarnation] : lanes_) {
       const auto& [d, dr, p, pr] = link;
-      if (p != e) continue;
+      if (p != e || lane_incarnation != node.incarnation) continue;
       death.lanes.insert({d, dr});
       // A lane delivers what was written into it before its end: the close
       // comes after the last frame the dead process sent on it.
@@ -42,7 +42,7 @@ void Simulator::Crash(uint32_t e) {
     }
   }
   // The dead process's own lanes (as D) go with it.
-  std::erase_if(lanes_, [e](const LinkKey& l) { return std::get<0>(l) == e; });
+  std::erase_if(lanes_, [e](const auto& l) { return std::get<0>(l.first) == e; });
   ++node.incarnation;
   const Duration downtime =
       params_.crash_downtime_max.ns() == 0 || prng_.OneIn(2)

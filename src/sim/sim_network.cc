@@ -64,7 +64,7 @@ void Simulator::RunAction(uint32_t e, uint32_t r, SessionAction a) {
     rank.OnTargetOpened(o->peer, true, "", now_);
   } else if (auto* l = std::get_if<kvrelay::OpenLane>(&a)) {
     if (nodes_[l->engine].alive) {
-      lanes_.insert({e, r, l->engine, l->rank});
+      lanes_[{e, r, l->engine, l->rank}] = nodes_[l->engine].incarnation;
       Hit(Mark::kLaneOpened);
     } else {
       lanes_.erase({e, r, l->engine, l->rank});

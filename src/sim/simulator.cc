@@ -506,7 +506,8 @@ void Simulator::Dispatch(const Event& ev) {
       Node& d = nodes_[ev.b];
       const uint32_t pr = static_cast<uint32_t>(ev.x), inc = static_cast<uint32_t>(ev.x >> 32);
       const LinkKey link{ev.b, ev.c, ev.a, pr};
-      if (!d.alive || ev.c >= d.tp || lanes_.count(link) == 0) break;
+      auto lane = lanes_.find(link);
+      if (!d.alive || ev.c >= d.tp || lane == lanes_.end() || lane->second != inc) break;
       // The lane of that incarnation: one the session replaced (it saw the
       // restart first) closed unnoticed, as the runtime's retired lanes do.
       const ProducerPeer* peer = d.ranks[ev.c]->Producer(ev.a, pr);

@@ -262,9 +262,11 @@ class Simulator {
   std::unordered_map<uint64_t, Instant> conn_last_delivery_;
   std::set<uint64_t> reconnect_pending_;  // one reconnect per connection at a time
   std::map<std::pair<uint32_t, uint32_t>, Instant> partitions_;
-  // Lanes open, (D engine, D rank, P engine, P rank).
+  // Lanes open, (D engine, D rank, P engine, P rank) → the P incarnation
+  // that accepted it: a lane is one process's socket, and only that
+  // process's death closes it.
   using LinkKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;
-  std::set<LinkKey> lanes_;
+  std::map<LinkKey, uint32_t> lanes_;
   // The newest P incarnation each D rank's session has known, per link: it
   // must never go back (a stale frame accepted).
   std::map<LinkKey, uint32_t> newest_known_;
