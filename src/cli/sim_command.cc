@@ -116,7 +116,8 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kPrefixHit,           Mark::kPullResent,
     Mark::kReanswered,          Mark::kFastAbort,
     Mark::kFastAbortBeforeClaim, Mark::kProducerToken,
-    Mark::kQueueWaitExpired,
+    Mark::kQueueWaitExpired,    Mark::kRouterRelease,
+    Mark::kRouterReleaseEndedSend,
     // read mode
     Mark::kLeaseExpired,        Mark::kLeaseExpiredRevoking,
     Mark::kLeaseExtended,       Mark::kRevokeSent,

@@ -12,6 +12,9 @@ using kvrelay::Log;
 namespace {
 
 constexpr const char* kCompletionsPath = "/v1/completions";
+constexpr const char* kReleasePath = "/kv_release";
+// P answers a release at once (it posts to its ranks and returns).
+constexpr Duration kReleaseTimeout = Duration::Seconds(10);
 
 // True if P's answer names itself differently from what D was told (P
 // restarted with new values since its /kv_info was read).
@@ -103,7 +106,41 @@ void Relay::Feed(F&& f) {
   }
   if (ttft_s >= 0) metrics_->FirstToken(ttft_s);
   ApplyCancels();
+  MaybeRelease();
   if (finish) Finish();
+}
+
+void Relay::MaybeRelease() {
+  http::ClientContext* calls = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (release_started_ || calls_ == nullptr || !logic_.release_prefill()) return;
+    release_started_ = true;
+    calls = calls_;
+  }
+  Result<http::Endpoint> to = http::ParseBaseUrl(prefill_url_);
+  if (!to.ok()) return;   // its leg could not start either
+  http::ClientRequest r;
+  r.method = "POST";
+  r.target = kReleasePath;
+  r.body = json{{"transfer_id", transfer_.ToString()}}.dump();
+  http::ClientOptions o = CallOptions(options_.upstream);
+  o.idle_timeout = kReleaseTimeout;
+  std::shared_ptr<RouterMetrics> metrics = metrics_;
+  const std::string url = prefill_url_;
+  calls->Start(*to, std::move(r), o, {}, [metrics, url](Result<http::ClientResponse> res) {
+    const bool ok = res.ok() && res->status == 200;
+    metrics->TransferReleased(ok);
+    if (!ok) {
+      // P is down (its restart holds nothing) or too old to know the call:
+      // its --abort-timeout-s ends the send.
+      kvrelay::LogOnce("router", "release:" + url,
+                       "engine " + url + " did not take a transfer release (" +
+                           (res.ok() ? "HTTP " + std::to_string(res->status)
+                                     : res.status().message()) +
+                           "); it ends unpulled transfers at its --abort-timeout-s");
+    }
+  });
 }
 
 void Relay::Drive() {
@@ -160,6 +197,7 @@ void Relay::Start(http::ClientContext& calls, std::shared_ptr<http::Exchange> ex
   {
     MutexLock lock(&mu_);
     exchange_ = exchange;
+    calls_ = &calls;
   }
   std::weak_ptr<Relay> weak = weak_from_this();
   exchange->OnClientGone([weak] {

@@ -13,7 +13,9 @@
 // Sequence: Start() starts both legs; their callbacks and the exchange's
 // client-gone callback call Feed(); CheckQueueWait() (the server's sweep)
 // may fail it; Shutdown() ends it. Finish() records the outcome once, when
-// the client's response is over.
+// the client's response is over. A request that did not end well has its
+// transfer released at P (POST /kv_release) once P's leg is over, so a D
+// that died before pulling does not leave P holding the KV.
 //
 // Ownership: shared by the server's registry of live relays and the legs'
 // pending calls. Each leg holds its engine Lease until its call ends.
@@ -85,6 +87,8 @@ class Relay : public std::enable_shared_from_this<Relay> {
   // Records the time to the client's first token (once; reported by Feed).
   void NoteFirstToken() REQUIRES(mu_);
   void ApplyCancels() EXCLUDES(mu_);
+  // Tells P to end the transfer (POST /kv_release) once the logic asks.
+  void MaybeRelease() EXCLUDES(mu_);
   void Finish() EXCLUDES(mu_);
   // The outcome into the metrics, once (counted_).
   void CountOutcome() REQUIRES(mu_);
@@ -109,6 +113,8 @@ class Relay : public std::enable_shared_from_this<Relay> {
   std::shared_ptr<http::ClientCall> decode_call_ GUARDED_BY(mu_);
   bool prefill_cancelled_ GUARDED_BY(mu_) = false;
   bool decode_cancelled_ GUARDED_BY(mu_) = false;
+  http::ClientContext* calls_ GUARDED_BY(mu_) = nullptr;   // set by Start
+  bool release_started_ GUARDED_BY(mu_) = false;
   bool replied_ GUARDED_BY(mu_) = false;    // the client's response is over
   bool ttft_noted_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;

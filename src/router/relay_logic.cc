@@ -108,6 +108,11 @@ void RelayLogic::AppendTail() {
   }
 }
 
+bool RelayLogic::release_prefill() const {
+  return p_done_ && decided() && outcome_ != Outcome::kOk && outcome_ != Outcome::kShutdown &&
+         outcome_ != Outcome::kRejected;
+}
+
 void RelayLogic::PrefillEnded(const LegEnd& end) {
   p_done_ = true;
   if (decided()) return;

@@ -25,6 +25,13 @@
 //     its stream's "data: [DONE]" after a good final event): outcome ok.
 //   - the client going away: outcome client_disconnect, both cancelled.
 //   - shutdown: outcome shutdown, both cancelled.
+// Release: once the outcome is anything but ok (or shutdown, whose D leg,
+// cancelled, makes D release over the wire itself) and P's leg is over,
+// P's KV will never be pulled through this request: release_prefill() asks
+// Relay to tell P so (POST /kv_release), once. A D that crashed before it
+// pulled can no longer release; without this P would hold the blocks until
+// its --abort-timeout-s. When D did release (it aborted, refused or saw its
+// client leave), P finds the send already ended and does nothing.
 // Commit: a non-streamed response is never committed before the outcome
 // is known (ReadyToCommit() is decided()); a failure is then a whole reply:
 // 502 with {"error": {"message", "type": "upstream_error", "code": 502}}
@@ -122,6 +129,8 @@ class RelayLogic {
   // The leg should be stopped now (stays true once set).
   bool cancel_prefill() const { return cancel_p_; }
   bool cancel_decode() const { return cancel_d_; }
+  // P's transfer should be ended at P (see "Release" above); stays true.
+  bool release_prefill() const;
   // The client's response may be committed: an outcome is known, or (a
   // stream) events wait to be written.
   bool ReadyToCommit() const;

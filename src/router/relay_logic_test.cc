@@ -383,6 +383,50 @@ TEST(RelayLogicTest, ShutdownBeforeCommitIs503) {
   EXPECT_EQ(l.Reply().status, 503);
 }
 
+// P's KV is released at P once P's leg is over and the request did not end
+// well: above all when D crashed after P answered (D cannot release any
+// more). Not before P's leg ends, never for ok or shutdown.
+TEST(RelayLogicTest, ReleasesAtPOnceItsLegIsOverUnlessTheRequestEndedWell) {
+  {  // D's connection broke after P answered: release.
+    RelayLogic l(false);
+    l.PrefillEnded(Response(200, kPrefillOk));
+    EXPECT_FALSE(l.release_prefill());
+    l.DecodeEnded(Transport("the connection to http://d:1 was lost (read failed)"));
+    EXPECT_EQ(l.outcome(), Outcome::kDecodeFailed);
+    EXPECT_TRUE(l.release_prefill());
+  }
+  {  // D failed first: P's leg is cancelled; release once it is over.
+    RelayLogic l(false);
+    l.DecodeEnded(Transport("connection refused"));
+    EXPECT_FALSE(l.release_prefill());
+    l.PrefillEnded(Cancelled());
+    EXPECT_TRUE(l.release_prefill());
+  }
+  {  // The client left mid-stream, after P answered.
+    RelayLogic l(true);
+    l.PrefillEnded(Response(200, kPrefillOk));
+    l.DecodeStatus(200);
+    l.Commit();
+    l.ClientGone();
+    EXPECT_TRUE(l.release_prefill());
+  }
+  {  // An ok request: D pulled; nothing to release.
+    RelayLogic l(false);
+    l.PrefillEnded(Response(200, kPrefillOk));
+    l.DecodeStatus(200);
+    l.DecodeData(kDecodeOk);
+    l.DecodeEnded(Response(200, ""));
+    EXPECT_EQ(l.outcome(), Outcome::kOk);
+    EXPECT_FALSE(l.release_prefill());
+  }
+  {  // Shutdown: D's cancelled leg makes D release itself.
+    RelayLogic l(false);
+    l.Shutdown();
+    l.PrefillEnded(Cancelled());
+    EXPECT_FALSE(l.release_prefill());
+  }
+}
+
 TEST(RelayLogicTest, OutcomeNames) {
   EXPECT_EQ(OutcomeName(Outcome::kOk), "ok");
   EXPECT_EQ(OutcomeName(Outcome::kClientDisconnect), "client_disconnect");

@@ -42,6 +42,12 @@ RouterMetrics::RouterMetrics(std::shared_ptr<EnginePool> pool,
         "kvrelay_router_limit_rejections_total",
         "Client requests refused for a configured limit, by limit.", {{"limit", limit}});
   }
+  for (const bool ok : {true, false}) {
+    (ok ? releases_ok_ : releases_failed_) = registry_.AddCounter(
+        "kvrelay_router_transfer_releases_total",
+        "Transfers released at P (POST /kv_release) for requests that did not end well.",
+        {{"result", ok ? "ok" : "failed"}});
+  }
   latency_ = registry_.AddHistogram("kvrelay_router_request_latency_seconds",
                                     "Arrival to end of the response, ok requests.",
                                     server::DefaultLatencyBucketsSeconds());

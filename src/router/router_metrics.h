@@ -10,6 +10,8 @@
 //   kvrelay_router_leg_connection_failures_total{url}
 //   kvrelay_router_limit_rejections_total{limit}    requests refused for a
 //       limit: body_bytes (413), requests_per_client (429), inflight (503)
+//   kvrelay_router_transfer_releases_total{result}  POST /kv_release calls to
+//       P for requests that did not end well: ok, failed
 //   kvrelay_router_request_latency_seconds          arrival → end, ok requests
 //   kvrelay_router_time_to_first_token_seconds      arrival → first token
 //                                                   written, streams
@@ -42,6 +44,7 @@ class RouterMetrics {
   // server's count).
   void LimitRejected(std::string_view limit);
   void LegConnectionFailure(size_t engine_index);
+  void TransferReleased(bool ok) { (ok ? releases_ok_ : releases_failed_)->Inc(); }
   std::string Render() const { return registry_.Render(); }
   // Where the kvrelay_http_* metrics come from (set before serving).
   void SetHttpStats(std::function<http::ServerStats()> fn) { http_stats_ = std::move(fn); }
@@ -52,6 +55,8 @@ class RouterMetrics {
   std::array<server::Counter*, kOutcomeCount> by_outcome_{};
   std::vector<server::Counter*> connection_failures_;
   std::map<std::string, server::Counter*, std::less<>> limit_rejections_;
+  server::Counter* releases_ok_;
+  server::Counter* releases_failed_;
   server::Histogram* latency_;
   server::Histogram* ttft_;
 };

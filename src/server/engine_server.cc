@@ -14,6 +14,7 @@
 #include "server/client_slots.h"
 #include "server/completion_request.h"
 #include "server/completion_response.h"
+#include "server/kv_release.h"
 #include "server/open_requests.h"
 #include "server/refused_handoff.h"
 #include "server/server_metrics.h"
@@ -150,6 +151,7 @@ struct EngineServer::Impl {
   // With a token set: false (and a 401 sent) unless the request proves it
   // (admin_auth.h). Admin calls and /debug/* go through it.
   bool Authorized(const http::Request& req, http::Exchange& ex);
+  void KvRelease(const http::Request& req, http::Exchange& ex);
   std::unique_ptr<AdminAuth> auth;
   void ReleaseRefused(const std::string& body, const CompletionRequest* parsed);
   void FastAbort(const std::vector<TransferId>& transfers);
@@ -301,6 +303,8 @@ void EngineServer::Impl::Routes() {
     }
     SendJson(*ex, json{{"last_seq", metrics.pull_log().last_seq()}, {"samples", samples}}.dump());
   });
+  http->Route("POST", "/kv_release", Run::kWorker,
+              [this](http::Request req, Ex ex) { KvRelease(req, *ex); });
   for (std::string_view path : AdminPaths()) {
     http->Route("POST", std::string(path), Run::kWorker,
                 [this](http::Request req, Ex ex) { Admin(req, *ex); });
@@ -579,6 +583,34 @@ void EngineServer::Impl::ReleaseRefused(const std::string& body,
       ReleaseUnstartedOp{kv.transfer, kv.remote_engine, kv.remote_tp, /*prompt_hash=*/0});
   for (const auto& rank : node->ranks()) rank->PostMetadata(meta);
   metrics.refused_releases->Inc();
+}
+
+// POST /kv_release: the router saw a request end badly after (or while) P
+// prefilled it — above all a D that died before it pulled — and P's KV will
+// never be pulled through it. Every rank ends its send (an abort: the send
+// table's one end path, so a write in flight finishes first and a late pull
+// finds the tombstone); the engine frees the blocks when every rank has
+// reported it. Posted, not dropped: unlike the fast abort, nothing else
+// would end this send before --abort-timeout-s (kv_release.h).
+void EngineServer::Impl::KvRelease(const http::Request& req, http::Exchange& ex) {
+  const engine::EngineOptions& eo = options.node.engine;
+  if (!node->transfers() || eo.role == engine::Role::kConsumer) {
+    metrics.bad_requests->Inc();
+    return SendError(ex, 400, "this engine holds no KV for others (role " +
+                                  std::string(RoleName(eo.role)) + "): nothing to release",
+                     "invalid_request_error");
+  }
+  Result<TransferId> t = ParseKvRelease(req.body);
+  if (!t.ok()) {
+    metrics.bad_requests->Inc();
+    return SendError(ex, 400, "POST /kv_release: " + t.status().message(),
+                     "invalid_request_error");
+  }
+  ConnectorMetadata meta;
+  meta.aborts.push_back(AbortSendOp{*t});
+  for (const auto& rank : node->ranks()) rank->PostMetadata(meta);
+  metrics.kv_releases->Inc();
+  SendJson(ex, json{{"released", true}, {"transfer_id", t->ToString()}}.dump());
 }
 
 // The fast abort: an abort of an open P leg (abort_requests, or its client

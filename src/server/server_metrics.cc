@@ -95,6 +95,9 @@ ServerMetrics::ServerMetrics() {
   fast_aborts_dropped = r.AddCounter("kvrelay_fast_aborts_dropped_total",
                                      "P: fast aborts not posted because a rank's inbox was "
                                      "full or closed (the engine's own abort still follows)");
+  kv_releases = r.AddCounter("kvrelay_kv_releases_total",
+                             "P: transfers the router released (POST /kv_release) because "
+                             "their request ended without D pulling");
   // In FinishReason's order.
   const char* reasons[] = {"length", "abort", "error", "stop"};
   for (int i = 0; i < 4; ++i) {

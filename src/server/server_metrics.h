@@ -39,6 +39,7 @@ class ServerMetrics {
   Counter* refused_releases;
   Counter* fast_aborts;
   Counter* fast_aborts_dropped;
+  Counter* kv_releases;
 
   // A request refused for a configured limit: kvrelay_limit_rejections_total
   // {limit="body_bytes"|"prompt_tokens"|"requests_per_client"}. The wire

@@ -44,6 +44,8 @@ std::string_view MarkName(Mark m) {
     case Mark::kReadFailed: return "read_failed";
     case Mark::kFastAbort: return "fast_abort";
     case Mark::kFastAbortBeforeClaim: return "fast_abort_before_claim";
+    case Mark::kRouterRelease: return "router_release";
+    case Mark::kRouterReleaseEndedSend: return "router_release_ended_send";
     case Mark::kProducerToken: return "producer_token";
     case Mark::kQueueWaitExpired: return "queue_wait_expired";
     case Mark::kPeerDown: return "peer_down";

@@ -53,6 +53,8 @@ enum class Mark : uint8_t {
   kReadFailed,
   kFastAbort,                // P's server ended a send straight at its ranks
   kFastAbortBeforeClaim,     //   ... before the engine's claim reached the rank
+  kRouterRelease,            // the router released a transfer at P (a request that failed)
+  kRouterReleaseEndedSend,   //   ... and that ended a send P still held
   kProducerToken,            // D emitted the first token P handed over
   kQueueWaitExpired,         // a request with no token ended at max_queue_wait
   // The control channel (core/rank_session.h):

@@ -35,6 +35,8 @@ enum class EventKind : uint8_t {
                    // the server's fast abort reaches one of P's ranks
   kDrainCheck,     // a matrix case: every request ended a while ago
   kRestart,        // b = engine, x = incarnation: a crashed engine comes back
+  kRelease,        // a = request, b = P engine, x = incarnation: the router's
+                   // POST /kv_release reaches P's server
   kLaneClosed,     // b = D engine, c = D rank, a = P engine, x = P rank | P incarnation << 32: the
                    // lane to a P that exited closes (the kernel saw it go)
 };

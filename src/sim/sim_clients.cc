@@ -118,11 +118,53 @@ void Simulator::RankAbort(uint32_t request, uint32_t engine, uint32_t rank) {
   DrainRank(engine, rank);
 }
 
+void Simulator::MaybeRelease(uint32_t request) {
+  Client& c = clients_[request];
+  if (c.release_sent || !c.p_ended || !c.d_ended) return;
+  if (c.p_ok && c.outcome == LegOutcome::kOk) return;
+  c.release_sent = true;
+  queue_.Push(Event{now_ + NetDelay(), 0, EventKind::kRelease, request, c.p, 0,
+                    nodes_[c.p].incarnation});
+}
+
+void Simulator::Release(uint32_t request, uint32_t engine) {
+  const TransferId t = clients_[request].transfer;
+  Node& node = nodes_[engine];
+  Hit(Mark::kRouterRelease);
+  for (uint32_t r = 0; r < node.tp; ++r) {
+    RankSession& session = *node.ranks[r];
+    const RankConnector& rc = session.connector();
+    const SendTable* st = rc.send_table();
+    const LeaseTable* lt = rc.lease_table();
+    auto held = [&] {
+      if (st != nullptr) {
+        const std::optional<SendState> s = st->StateOf(t);
+        return s && *s != SendState::kDone;
+      }
+      if (lt != nullptr) {
+        const std::optional<LeaseState> s = lt->StateOf(t);
+        return s && *s != LeaseState::kRevoking;
+      }
+      return false;
+    };
+    if (held()) Hit(Mark::kRouterReleaseEndedSend);
+    ConnectorMetadata meta;
+    meta.aborts.push_back(AbortSendOp{t});
+    session.ApplyMetadata(meta, now_);
+    DrainRank(engine, r);
+    if (held()) {
+      Violation("rank " + std::to_string(r) + " of P engine " + std::to_string(engine) +
+                " still holds transfer " + t.ToString() + " after the router released it");
+    }
+  }
+}
+
 void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) {
   Client& c = clients_[request];
   if (nodes_[engine].producer) {
     if (c.p_ended) Violation("P leg of request " + std::to_string(request) + " ended twice");
     c.p_ended = true;
+    c.p_ok = outcome == LegOutcome::kOk;
     // The router: a failed P leg makes D release at once — once P's error
     // response has reached the router.
     if (outcome != LegOutcome::kOk && !c.d_ended) SendAbort(request, c.d, NetDelay());
@@ -130,9 +172,11 @@ void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) 
     if (c.d_ended) Violation("D leg of request " + std::to_string(request) + " ended twice");
     c.d_ended = true;
     c.outcome = outcome;
-    // ...and a D leg that fails makes P drop the request at once.
-    if (outcome != LegOutcome::kOk) SendAbort(request, c.p);
+    // ...and a D leg that fails makes P drop the request at once (while
+    // P's leg is open: a cancel; after it, the release below).
+    if (outcome != LegOutcome::kOk && !c.p_ended) SendAbort(request, c.p);
   }
+  MaybeRelease(request);
   // A matrix case (no faults): once every request ended, nothing may hold
   // blocks for long — a transfer left waiting for a timeout would.
   if (params_.plan.enabled && !drain_check_armed_ && first_probe_ == UINT32_MAX &&

@@ -37,6 +37,7 @@ const char* KindName(EventKind k) {
     case EventKind::kDrainCheck: return "drain_check";
     case EventKind::kRestart: return "restart";
     case EventKind::kLaneClosed: return "lane_closed";
+    case EventKind::kRelease: return "release";
   }
   return "?";
 }
@@ -419,7 +420,10 @@ void Simulator::Dispatch(const Event& ev) {
           !clients_[ev.a].d_ended) {
         clients_[ev.a].d_abort_while_waiting = true;  // its leg still waits for handshakes
       }
-      if (Live(ev.b, ev.x)) {
+      // P's server answered the leg already: an abort (a client gone, a
+      // cancel) finds no open request there; the router's release ends the
+      // send instead (Release).
+      if (Live(ev.b, ev.x) && !(nodes_[ev.b].producer && clients_[ev.a].p_ended)) {
         if (nodes_[ev.b].producer) FastAbort(ev.a, ev.b);
         nodes_[ev.b].engine->AbortRequest(ev.a);
         AfterInput(ev.b);
@@ -427,6 +431,9 @@ void Simulator::Dispatch(const Event& ev) {
       break;
     case EventKind::kRankAbort:
       if (Live(ev.b, ev.x)) RankAbort(ev.a, ev.b, ev.c);
+      break;
+    case EventKind::kRelease:
+      if (Live(ev.b, ev.x)) Release(ev.a, ev.b);
       break;
     case EventKind::kDrainCheck:
       CheckPromptDrain();

@@ -147,6 +147,8 @@ class Simulator {
     uint32_t max_tokens = 1;
     std::vector<engine::TokenOut> p_tokens, d_tokens;
     bool p_ended = false, d_ended = false;
+    bool p_ok = false;          // P's leg ended well
+    bool release_sent = false;  // the router's POST /kv_release went out
     std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
     bool abort_sent = false;
     bool p_arrived = false, d_arrived = false;
@@ -229,6 +231,12 @@ class Simulator {
   // the engine's own abort metadata in either order.
   void FastAbort(uint32_t request, uint32_t engine);
   void RankAbort(uint32_t request, uint32_t engine, uint32_t rank);
+  // The router's release (router/relay_logic.h, "Release"): once a request
+  // that did not end well has P's leg over, POST /kv_release reaches P's
+  // server, which ends the send at every rank (an AbortSendOp each). Checks
+  // that no rank still holds it WAITING or READY afterwards.
+  void MaybeRelease(uint32_t request);
+  void Release(uint32_t request, uint32_t engine);
   Duration NetDelay();
   void Crash(uint32_t e);
   void MaybeInjectFault();

@@ -646,6 +646,55 @@ TEST_F(RouterTest, PrefillKilledMidRun) {
   EXPECT_EQ(MetricSum(m, "kvrelay_router_inflight_requests"), 0);
 }
 
+// A D that dies after P answered and before it pulled cannot release P's KV,
+// and P's leg is over, so there is nothing left to cancel on P: the router
+// releases the transfer at P (POST /kv_release) once the D leg fails, and P
+// ends the send at once instead of at its --abort-timeout-s (60 s here).
+// D is stopped (SIGSTOP) first so that it neither pulls nor answers.
+TEST_F(RouterTest, ADecodeKilledBeforeItPulledLeavesNothingHeldAtP) {
+  Engine* p = StartEngine("P", "prefill", {}, /*abort_timeout_s=*/60);
+  Engine* d = StartEngine("D", "decode");
+  ASSERT_TRUE(p && d);
+  Router* r = StartRouter({p}, {d});
+  ASSERT_NE(r, nullptr);
+
+  // The call itself: bad bodies and a D engine are refused with a reason.
+  HttpReply bad = p->Post("/kv_release", json{{"transfer_id", "xyz"}});
+  EXPECT_EQ(bad.status, 400) << bad.raw;
+  EXPECT_NE(bad.raw.find("32 lowercase hex"), std::string::npos) << bad.raw;
+  HttpReply on_d = d->Post("/kv_release", json{{"transfer_id", NewTransferId(rng_)}});
+  EXPECT_EQ(on_d.status, 400) << on_d.raw;
+  EXPECT_NE(on_d.raw.find("role decode"), std::string::npos) << on_d.raw;
+  HttpReply unknown = p->Post("/kv_release", json{{"transfer_id", NewTransferId(rng_)}});
+  EXPECT_EQ(unknown.status, 200) << unknown.raw;   // a tombstone: a late claim fails fast
+
+  d->proc().Kill(SIGSTOP);
+  const Tokens prompt = RandomPrompt(rng_, 120);
+  Answer answer;
+  std::thread client([&] { answer = Complete(r->port(), prompt, 4, false, 30s); });
+  // P prefilled and answered: its leg is over and it holds the KV.
+  const std::string p_url = "url=\"" + UrlOf(p->http_port()) + "\"";
+  const bool p_answered = WaitFor([&] {
+    return MetricSum(p->Metrics(), "kvrelay_requests_started_total") == 1 &&
+           MetricSum(r->Metrics(), "kvrelay_router_engine_outstanding_requests", p_url) == 0;
+  }, 10s);
+  EXPECT_TRUE(p_answered);
+  EXPECT_FALSE(p->IdleAndEmpty()) << p->DebugState().dump();
+  const auto killed_at = Clock::now();
+  d->proc().Kill(SIGKILL);
+  ASSERT_TRUE(d->proc().Wait(5s).has_value());
+  client.join();
+  EXPECT_TRUE(CleanError(answer)) << answer.Describe();
+  EXPECT_TRUE(WaitFor([&] { return p->IdleAndEmpty(); }, 10s)) << p->DebugState().dump();
+  const double freed_s = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  std::printf("[router] P freed the KV of a request whose D died %.3f s after the kill "
+              "(P's --abort-timeout-s: 60)\n", freed_s);
+  EXPECT_LT(freed_s, 10.0);
+  EXPECT_EQ(MetricSum(r->Metrics(), "kvrelay_router_transfer_releases_total",
+                      "result=\"ok\""), 1);
+  EXPECT_EQ(MetricSum(p->Metrics(), "kvrelay_kv_releases_total"), 2);   // with `unknown`
+}
+
 // --max-inflight: one more request gets 503 (and the router recovers);
 // --max-body-bytes: a longer body gets 413 with an error object.
 TEST_F(RouterTest, BoundsAreEnforced) {
