@@ -58,6 +58,10 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
     c.engine_args.push_back(std::to_string(o.inline_write_kib));
   }
   if (!o.local_lane) c.engine_args.push_back("--no-local-lane");
+  if (o.kv_mode != "push") {
+    c.engine_args.insert(c.engine_args.end(), {"--kv-mode", o.kv_mode});
+    c.router_args.insert(c.router_args.end(), {"--kv-mode", o.kv_mode});
+  }
   if (o.kv_read_threads != 1) {
     c.engine_args.push_back("--kv-read-threads");
     c.engine_args.push_back(std::to_string(o.kv_read_threads));

@@ -61,6 +61,7 @@ struct BenchClusterOptions {
   bool busy_steps = false;            // serve's --busy-steps
   bool fast_abort = true;             // false: serve's --no-fast-abort
   bool compute_first_token = false;   // serve's --compute-first-token
+  std::string kv_mode = "push";       // engines' and router's --kv-mode
 };
 
 class BenchCluster {

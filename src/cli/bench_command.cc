@@ -121,6 +121,10 @@ void RegisterTransferBench(CLI::App* bench) {
       "raw mechanism (memcpy into a shared mapping, a socket stream, a UCX put) measured in the "
       "same run, plus one-block latency against a bare ZeroMQ round trip");
   cmd->add_option("--transports", o->transports, "shm, tcp, ucx")->capture_default_str();
+  cmd->add_option("--kv-mode", o->kv_mode,
+                  "push (P writes into D; pull → answer) or read (D reads from P under a lease; "
+                  "lease request → reads landed)")
+      ->capture_default_str();
   cmd->add_option("--model-shape", o->shape, "model shape of the KV (tiny | small | 8b)")
       ->capture_default_str();
   cmd->add_option("--sizes", o->sizes_blocks, "transfer sizes, in blocks")->capture_default_str();

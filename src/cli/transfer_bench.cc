@@ -96,6 +96,7 @@ Status StartCluster(BenchCluster& c, const TransferBenchOptions& o, const std::s
   b.control_slice_us = o.control_slice_us;
   b.busy_steps = o.busy_steps;
   b.fast_abort = o.fast_abort;
+  b.kv_mode = o.kv_mode;
   if (modelled) {
     b.step_base_us = 500;
     b.step_per_token_us = 20;
@@ -272,9 +273,10 @@ Status LatencySection(const TransferBenchOptions& o, const std::string& transpor
   LatencyRow row{transport, c.shape().BlockBytesPerRank(1), static_cast<uint32_t>(samples.size()),
                  Percentile(samples, 0.5), Percentile(samples, 0.99), Percentile(gaps, 0.5)};
   rows->push_back(row);
-  std::printf("  %-4s one block of %s (%s): pull→answer p50 %.1f µs, p99 %.1f µs (n=%u; "
+  std::printf("  %-4s one block of %s (%s): %s p50 %.1f µs, p99 %.1f µs (n=%u; "
               "idle before a pull p50 %.1f ms)\n",
-              transport.c_str(), HumanBytes(row.bytes).c_str(), o.latency_shape.c_str(), row.p50_s * 1e6,
+              transport.c_str(), HumanBytes(row.bytes).c_str(), o.latency_shape.c_str(),
+              o.kv_mode == "read" ? "lease→read landed" : "pull→answer", row.p50_s * 1e6,
               row.p99_s * 1e6, row.samples, row.gap_p50_s * 1e3);
   std::fflush(stdout);
   return Status::Ok();
@@ -448,12 +450,21 @@ Status RunTransferBench(const TransferBenchOptions& o) {
       return InvalidArgumentError("unknown transport '" + t + "' (shm, tcp or ucx)");
     }
   }
+  if (o.kv_mode != "push" && o.kv_mode != "read") {
+    return InvalidArgumentError("--kv-mode must be push or read, got '" + o.kv_mode + "'");
+  }
+  if (o.kv_mode == "read" && o.abort_probes > 0) {
+    return InvalidArgumentError(
+        "--abort-probes measures an abort's answer to a waiting pull, which read mode does not "
+        "have (P revokes a lease instead); use --abort-probes 0 with --kv-mode read");
+  }
   if (o.sizes_blocks.empty()) return InvalidArgumentError("--sizes is empty");
   for (uint32_t b : o.sizes_blocks) {
     if (b == 0) return InvalidArgumentError("--sizes: a size is 0 blocks");
   }
   mkdir(o.logs.c_str(), 0755);
-  std::printf("kvrelay bench transfer: model %s, sizes", o.shape.c_str());
+  std::printf("kvrelay bench transfer: %s mode, model %s, sizes", o.kv_mode.c_str(),
+              o.shape.c_str());
   for (uint32_t b : o.sizes_blocks) std::printf(" %u", b);
   std::printf(" blocks, seed %" PRIu64 "\n", o.seed);
   std::fflush(stdout);
@@ -540,9 +551,9 @@ Status RunTransferBench(const TransferBenchOptions& o) {
   for (const LatencyRow& l : latency) {
     if (zmq_p50 <= 0) break;
     std::snprintf(buf, sizeof buf,
-                  "%s one-block pull→answer p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ "
-                  "1.5×)",
-                  l.transport.c_str(), l.p50_s * 1e6, l.p50_s / zmq_p50);
+                  "%s one-block %s p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ 1.5×)",
+                  l.transport.c_str(), o.kv_mode == "read" ? "lease→read landed" : "pull→answer",
+                  l.p50_s * 1e6, l.p50_s / zmq_p50);
     verdict(l.p50_s <= 1.5 * zmq_p50, buf);
   }
   for (const AbortRow& a : aborts) {
@@ -557,7 +568,8 @@ Status RunTransferBench(const TransferBenchOptions& o) {
   std::printf("%s\n", all_met ? "all targets met" : "some targets MISSED");
 
   if (!o.json_path.empty()) {
-    json doc{{"shape", o.shape},
+    json doc{{"kv_mode", o.kv_mode},
+             {"shape", o.shape},
              {"seed", o.seed},
              {"zmq_rtt_p50_s", zmq_p50},
              {"zmq_rtt_p99_s", zmq_p99},

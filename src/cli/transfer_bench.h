@@ -7,7 +7,8 @@
 // (`kvrelay serve` child processes: engine, connector, pull protocol,
 // transport), hands over KV of a realistic model shape — per-layer chunks,
 // a fresh random prompt per transfer, pools far larger than the caches —
-// and reads each transfer's pull→answer time from D's /debug/pulls. Right
+// and reads each transfer's pull→answer time (read mode: lease request →
+// reads landed) from D's /debug/pulls. Right
 // after each size it moves the same segments with the raw baseline
 // (raw_baseline.h) and prints both, and their ratio. One-block pulls are
 // compared with a bare ZeroMQ round trip; P-side aborts with the answer D
@@ -27,6 +28,10 @@ namespace kvrelay::cli {
 
 struct TransferBenchOptions {
   std::vector<std::string> transports = {"shm", "tcp", "ucx"};
+  // push: P writes into D (the pull → answer span); read: D reads from P
+  // under a lease (the first lease request → reads landed span). The raw
+  // baselines are the same copies, streams and puts either way.
+  std::string kv_mode = "push";
   std::string shape = "8b";
   std::vector<uint32_t> sizes_blocks = {1, 4, 16, 64, 256};
   uint32_t pool_blocks = 0;              // 0: max(4 × largest size, 256)

@@ -221,6 +221,9 @@ void RankSession::OnFrameFromProducer(uint32_t engine, uint32_t rank,
     }
     conn_.OnMessage(p.peer, PeerMessage(*a), now);
   } else if (auto* g = std::get_if<GrantMsg>(&m)) {
+    if (auto sent = lease_sent_.find({g->transfer, p.peer.index}); sent != lease_sent_.end()) {
+      if (!g->src.empty()) sent->second.blocks = static_cast<uint32_t>(g->src.size());
+    }
     conn_.OnMessage(p.peer, PeerMessage(std::move(*g)), now);
   } else if (auto* r = std::get_if<RevokeMsg>(&m)) {
     conn_.OnMessage(p.peer, PeerMessage(*r), now);
@@ -627,9 +630,21 @@ void RankSession::SendOut(OutMessage out, Instant now) {
     if (auto* pull = std::get_if<PullMsg>(&out.msg)) {
       msg = std::move(*pull);
     } else if (auto* lease = std::get_if<LeaseMsg>(&out.msg)) {
+      lease_sent_.try_emplace({lease->transfer, out.to.index}, PullSent{now, 0});
       msg = *lease;
     } else {
-      msg = std::get<NoticeMsg>(out.msg);
+      const NoticeMsg& notice = std::get<NoticeMsg>(out.msg);
+      auto sent = lease_sent_.find({notice.transfer, out.to.index});
+      if (sent != lease_sent_.end()) {
+        if (notice.notice != ReadNotice::kRelease) {
+          actions_.push_back(PullAnswered{
+              notice.transfer, sent->second.blocks, (now - sent->second.at).seconds(),
+              notice.notice == ReadNotice::kDone ? TransferResult::kOk
+                                                 : TransferResult::kWriteFailed});
+        }
+        lease_sent_.erase(sent);
+      }
+      msg = notice;
     }
     actions_.push_back(FrameToProducer{to.engine, to.rank, EncodeWire(msg)});
     return;
@@ -661,6 +676,7 @@ RankReport RankSession::GetFinished(Instant now) {
   RankReport r = conn_.GetFinished();
   auto forget_pulls = [&](TransferId t) {
     pull_sent_.erase(pull_sent_.lower_bound({t, 0}), pull_sent_.upper_bound({t, UINT64_MAX}));
+    lease_sent_.erase(lease_sent_.lower_bound({t, 0}), lease_sent_.upper_bound({t, UINT32_MAX}));
   };
   // The end of `request`'s load of `transfer`: its grant goes, unless the
   // transfer is another request's (a refused duplicate).

@@ -183,7 +183,10 @@ struct ProducerChanged {
   std::string why;
 };
 // Observations for metrics (D): one answer to a pull of `blocks` blocks,
-// `seconds` after it was sent; a load's end, `seconds` after it started.
+// `seconds` after it was sent (read mode: one producer's reads of `blocks`
+// blocks landed or failed, `seconds` after the first lease request to it —
+// the same request → KV-in-place span); a load's end, `seconds` after it
+// started.
 struct PullAnswered {
   TransferId transfer;
   uint32_t blocks = 0;
@@ -339,6 +342,9 @@ class RankSession {
     uint32_t blocks = 0;
   };
   std::map<std::pair<TransferId, uint64_t>, PullSent> pull_sent_;
+  // Read mode: the first lease request of a transfer to a P rank (by peer
+  // index); `blocks` from its grant. Ends at D's done or failed notice.
+  std::map<std::pair<TransferId, uint32_t>, PullSent> lease_sent_;
 };
 
 }  // namespace kvrelay

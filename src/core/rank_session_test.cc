@@ -381,6 +381,36 @@ TEST(RankSessionTest, PullGrantsDstBlocksAndLoadEndRevokesThem) {
   EXPECT_EQ(r.d->stats().revokes, 1u);
 }
 
+// Read mode: one producer's reads landing are observed as a PullAnswered
+// (blocks from P's grant, seconds from the first lease request), as a push
+// pull's answer is — the figure `bench transfer --kv-mode read` reads from
+// /debug/pulls. A failed read is observed as failed.
+TEST(RankSessionTest, ReadModeReportsEachProducersReadsLikeAPullAnswer) {
+  for (const bool ok : {true, false}) {
+    SCOPED_TRACE(ok ? "reads land" : "a read fails");
+    RankSessionOptions d = DOptions(), p = POptions();
+    d.connector.mode = p.connector.mode = KvMode::kRead;
+    Rig r(std::move(d), std::move(p));
+    r.Handshake(At(0));
+    r.Serve(At(0));
+    r.Load(At(10), {BlockId{10, 1}, BlockId{11, 1}});
+    r.Run(At(12));
+    std::vector<StartRead> reads = Take<StartRead>(r.d_seen);
+    ASSERT_EQ(reads.size(), 1u);
+    EXPECT_EQ(reads[0].src, (std::vector<BlockId>{BlockId{3, 1}, BlockId{4, 1}}));
+    EXPECT_TRUE(Take<PullAnswered>(r.d_seen).empty());   // nothing landed yet
+    r.d->OnReadDone(reads[0].read, ok, At(25));
+    r.Run(At(25));
+    std::vector<PullAnswered> answered = Take<PullAnswered>(r.d_seen);
+    ASSERT_EQ(answered.size(), 1u);
+    EXPECT_EQ(answered[0].transfer, kT);
+    EXPECT_EQ(answered[0].blocks, 2u);
+    EXPECT_DOUBLE_EQ(answered[0].seconds, 0.015);   // lease sent at 10 ms, done at 25 ms
+    EXPECT_EQ(answered[0].result, ok ? TransferResult::kOk : TransferResult::kWriteFailed);
+    r.Finished(At(26));
+  }
+}
+
 // Rule: a lane closing with the process gone makes the producer GONE at once,
 // failing its unanswered loads and any load started after.
 TEST(RankSessionTest, LaneClosedWithProcessGoneFailsLoadsAtOnce) {

@@ -118,7 +118,8 @@ ServerMetrics::ServerMetrics() {
                                           {{"call", call}});
   }
   pull_answer_latency_ = r.AddHistogram("kvrelay_pull_answer_latency_seconds",
-                                        "D: pull sent to its answer received",
+                                        "D: pull sent to its answer received (read mode: first lease "
+                                        "request to a P rank to its reads landed or failed)",
                                         TransferBuckets());
   transfer_latency_ok_ = r.AddHistogram("kvrelay_transfer_latency_seconds",
                                         "D: load started to every producer answered",
