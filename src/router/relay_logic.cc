@@ -109,12 +109,13 @@ void RelayLogic::AppendTail() {
 }
 
 bool RelayLogic::release_prefill() const {
-  return p_done_ && decided() && outcome_ != Outcome::kOk && outcome_ != Outcome::kShutdown &&
-         outcome_ != Outcome::kRejected;
+  return p_done_ && !p_refused_ && decided() && outcome_ != Outcome::kOk &&
+         outcome_ != Outcome::kShutdown && outcome_ != Outcome::kRejected;
 }
 
 void RelayLogic::PrefillEnded(const LegEnd& end) {
   p_done_ = true;
+  p_refused_ = end.kind == LegEnd::Kind::kResponse && end.status != 200;
   if (decided()) return;
   switch (end.kind) {
     case LegEnd::Kind::kCancelled:

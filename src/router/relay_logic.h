@@ -28,7 +28,10 @@
 // Release: once the outcome is anything but ok (or shutdown, whose D leg,
 // cancelled, makes D release over the wire itself) and P's leg is over,
 // P's KV will never be pulled through this request: release_prefill() asks
-// Relay to tell P so (POST /kv_release), once. A D that crashed before it
+// Relay to tell P so (POST /kv_release), once — unless P answered the leg
+// with a status other than 200: it refused or failed the request and holds
+// nothing of it, and the transfer id may be another request's (a 409 for a
+// duplicate id), whose hand-off a release would end. A D that crashed before it
 // pulled can no longer release; without this P would hold the blocks until
 // its --abort-timeout-s. When D did release (it aborted, refused or saw its
 // client leave), P finds the send already ended and does nothing.
@@ -159,6 +162,7 @@ class RelayLogic {
   Outcome outcome_ = Outcome::kPending;
   bool cancel_p_ = false, cancel_d_ = false;
   bool p_done_ = false, p_ok_ = false;
+  bool p_refused_ = false;   // P answered with a status other than 200
   bool d_done_ = false;
   int d_status_ = 0;
   // Stream: D's events parsed so far.

@@ -419,6 +419,13 @@ TEST(RelayLogicTest, ReleasesAtPOnceItsLegIsOverUnlessTheRequestEndedWell) {
     EXPECT_EQ(l.outcome(), Outcome::kOk);
     EXPECT_FALSE(l.release_prefill());
   }
+  {  // P refused the leg (409: another request's transfer id): not ours to end.
+    RelayLogic l(false);
+    l.PrefillEnded(Response(409, R"({"error":{"message":"duplicate transfer_id"}})"));
+    l.DecodeEnded(Cancelled());
+    EXPECT_EQ(l.outcome(), Outcome::kBadRequest);
+    EXPECT_FALSE(l.release_prefill());
+  }
   {  // Shutdown: D's cancelled leg makes D release itself.
     RelayLogic l(false);
     l.Shutdown();

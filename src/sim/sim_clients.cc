@@ -122,6 +122,9 @@ void Simulator::MaybeRelease(uint32_t request) {
   Client& c = clients_[request];
   if (c.release_sent || !c.p_ended || !c.d_ended) return;
   if (c.p_ok && c.outcome == LegOutcome::kOk) return;
+  // P refused the leg (a duplicate transfer id: an error status at the
+  // router): the transfer is not this request's to end.
+  if (!c.p_admitted) return;
   c.release_sent = true;
   queue_.Push(Event{now_ + NetDelay(), 0, EventKind::kRelease, request, c.p, 0,
                     nodes_[c.p].incarnation});
