@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -59,6 +60,10 @@ class HttpServer::Impl : public ConnectionHost {
   ServerOptions options_;
   std::vector<RouteEntry> routes_;
   asio::io_context ioc_;
+  // The acceptor and its retry timer are touched only on this strand (the
+  // accept handler, the retry, Stop's close): asio objects are not safe to
+  // use from two threads at once, and several I/O threads run ioc_.
+  asio::strand<asio::io_context::executor_type> accept_strand_ = asio::make_strand(ioc_);
   std::optional<tcp::acceptor> acceptor_;
   asio::steady_timer accept_timer_{ioc_};
   std::vector<std::thread> io_threads_, workers_;
@@ -180,9 +185,11 @@ Status HttpServer::Impl::Start() {
 }
 
 void HttpServer::Impl::Accept() {
-  acceptor_->async_accept(asio::make_strand(ioc_), [this](const error_code& ec, tcp::socket s) {
-    OnAccept(ec, std::move(s));
-  });
+  acceptor_->async_accept(asio::make_strand(ioc_),
+                          asio::bind_executor(accept_strand_,
+                                              [this](const error_code& ec, tcp::socket s) {
+                                                OnAccept(ec, std::move(s));
+                                              }));
 }
 
 void HttpServer::Impl::OnAccept(const error_code& ec, tcp::socket socket) {
@@ -191,9 +198,9 @@ void HttpServer::Impl::OnAccept(const error_code& ec, tcp::socket socket) {
     // Out of descriptors (or another transient failure): try again shortly
     // rather than spin on the error.
     accept_timer_.expires_after(std::chrono::milliseconds(50));
-    accept_timer_.async_wait([this](const error_code& tec) {
+    accept_timer_.async_wait(asio::bind_executor(accept_strand_, [this](const error_code& tec) {
       if (!tec && !stopping()) Accept();
-    });
+    }));
     return;
   }
   error_code rec;
@@ -245,7 +252,7 @@ void HttpServer::Impl::Stop() {
   }
   if (!started_) return;
   stopping_ = true;
-  asio::post(ioc_, [this] {
+  asio::post(accept_strand_, [this] {
     error_code ignored;
     acceptor_->close(ignored);
   });
