@@ -85,6 +85,33 @@ Status SendTable::Claim(TransferId transfer, uint32_t need, Instant now,
   return Status::Ok();
 }
 
+Result<uint32_t> SendTable::HandOverTarget(TransferId transfer, const char* what,
+                                           uint64_t& refused) {
+  const uint32_t found = FindSend(transfer);
+  if (found == kNil) {
+    ++refused;
+    if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
+      return CancelledError("transfer " + transfer.ToString() +
+                            " already ended: " +
+                            std::string(TransferResultName(ended->second)));
+    }
+    return FailedPreconditionError(std::string(what) + " for unclaimed transfer " +
+                                   transfer.ToString());
+  }
+  const Send& send = sends_[found];
+  if (send.state == SendState::kDone) {
+    ++refused;
+    return CancelledError("transfer " + transfer.ToString() + " already ended: " +
+                          std::string(TransferResultName(send.end_reason)));
+  }
+  if (!send.claimed) {
+    ++refused;
+    return FailedPreconditionError(std::string(what) + " for unclaimed transfer " +
+                                   transfer.ToString());
+  }
+  return found;
+}
+
 Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
                         Instant now, uint64_t prompt_hash, uint32_t first_token) {
   PruneTombstones(now);
@@ -92,37 +119,24 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
     return InvalidArgumentError("Ready with no blocks for transfer " +
                                 transfer.ToString());
   }
-  const uint32_t found = FindSend(transfer);
-  if (found == kNil) {
-    ++stats_.readies_refused;
-    if (auto ended = tombstones_.find(transfer); ended != tombstones_.end()) {
-      return CancelledError("transfer " + transfer.ToString() +
-                            " already ended: " +
-                            std::string(TransferResultName(ended->second)));
-    }
-    return FailedPreconditionError("Ready for unclaimed transfer " +
-                                   transfer.ToString());
-  }
-  const uint32_t s = found;
+  Result<uint32_t> target = HandOverTarget(transfer, "Ready", stats_.readies_refused);
+  if (!target.ok()) return target.status();
+  const uint32_t s = *target;
   Send& send = sends_[s];
-  if (send.state == SendState::kDone) {
-    ++stats_.readies_refused;
-    return CancelledError("transfer " + transfer.ToString() + " already ended: " +
-                          std::string(TransferResultName(send.end_reason)));
+  // Ready twice is a bug; after Progress, the same blocks, all of them.
+  KV_CHECK(send.state == SendState::kWaiting || send.state == SendState::kStreaming);
+  if (send.state == SendState::kStreaming) {
+    KV_CHECK_EQ(blocks.size(), send.total_blocks);
+    KV_CHECK(std::equal(send.blocks.begin(), send.blocks.end(), blocks.begin()));
   }
-  if (!send.claimed) {
-    ++stats_.readies_refused;
-    return FailedPreconditionError("Ready for unclaimed transfer " +
-                                   transfer.ToString());
-  }
-  KV_CHECK(send.state == SendState::kWaiting);  // Ready twice is a bug
   if (prompt_hash != 0 && send.prompt_hash != 0 && prompt_hash != send.prompt_hash) {
     // The KV was computed under other weights than the claim promised (an
     // update landed between admission and prefill): no D that admitted this
     // prompt with the claim's fingerprint can use it, and its pulls would
     // be refused while the blocks sat here until expiry. End the send now:
     // waiting pulls are answered, later ones meet the tombstone, D
-    // recomputes, and P's engine frees the blocks at once.
+    // recomputes, and P's engine frees the blocks at once (after the
+    // SendFinished a streamed send owes).
     ++stats_.readies_refused;
     ++stats_.prompt_mismatch;
     EndSend(s, TransferResult::kMismatch, now);
@@ -130,34 +144,97 @@ Status SendTable::Ready(TransferId transfer, std::vector<BlockId> blocks,
                           ": its KV was computed under other weights than claimed");
   }
   ++stats_.readies;
+  const bool streamed = send.state == SendState::kStreaming;
   send.state = SendState::kReady;
   send.holds_blocks = true;
+  send.readied = true;
+  send.total_blocks = static_cast<uint32_t>(blocks.size());
   send.blocks = std::move(blocks);
   if (prompt_hash != 0) send.prompt_hash = prompt_hash;
   send.first_token = first_token;
   // Expiry counts from when P is done, not from the claim.
   expiry_.Arm(s, now + options_.abort_timeout);
   // A pull that waited for the prefill with another fingerprint ends the
-  // send (kMismatch; see Pull). The others now wait for a sender, in
-  // arrival order; one that asks for more blocks than the prompt has is
-  // refused.
-  for (uint32_t i = send.items.head; i != kNil; i = items_[i].in_send.next) {
-    if (!PromptMatches(send.prompt_hash, items_[i].prompt_hash)) {
-      ++stats_.prompt_mismatch;
-      EndSend(s, TransferResult::kMismatch, now);
-      return Status::Ok();
+  // send (kMismatch; see Pull). (A streamed send checked them at Progress.)
+  if (!streamed && EndedOnMismatchedPull(s, now)) return Status::Ok();
+  // The others now wait for a sender, in arrival order; one that asks for
+  // more blocks than the prompt has is refused; one whose every block was
+  // streamed already is answered.
+  uint32_t i = send.items.head;
+  while (i != kNil) {
+    const uint32_t next = items_[i].in_send.next;
+    Item& item = items_[i];
+    if (item.state == ItemState::kWaiting) {
+      if (item.want > send.blocks.size()) {
+        ++stats_.items_rejected;
+        AnswerItem(i, TransferResult::kRejected);
+      } else if (item.sent == item.want) {
+        AnswerItem(i, TransferResult::kOk);
+        if (++send.pulled >= send.need) {
+          EndSend(s, TransferResult::kOk, now);
+          return Status::Ok();
+        }
+      } else {
+        QueueIfAvailable(i);
+      }
     }
+    i = next;
+  }
+  AdmitWrites(now);
+  return Status::Ok();
+}
+
+Status SendTable::Progress(TransferId transfer, std::span<const BlockId> prefix,
+                           uint32_t total_blocks, Instant now, uint64_t prompt_hash) {
+  PruneTombstones(now);
+  if (prefix.empty() || prefix.size() > total_blocks) {
+    return InvalidArgumentError("Progress for transfer " + transfer.ToString() + " with " +
+                                std::to_string(prefix.size()) + " of " +
+                                std::to_string(total_blocks) + " blocks");
+  }
+  Result<uint32_t> target = HandOverTarget(transfer, "Progress", stats_.progresses_refused);
+  if (!target.ok()) return target.status();
+  const uint32_t s = *target;
+  Send& send = sends_[s];
+  KV_CHECK(send.state == SendState::kWaiting || send.state == SendState::kStreaming);
+  const bool first = send.state == SendState::kWaiting;
+  if (!first) {
+    KV_CHECK_EQ(total_blocks, send.total_blocks);
+    KV_CHECK(std::equal(send.blocks.begin(), send.blocks.end(), prefix.begin(),
+                        prefix.begin() + static_cast<std::ptrdiff_t>(
+                                             std::min(prefix.size(), send.blocks.size()))));
+  }
+  if (prompt_hash != 0 && send.prompt_hash != 0 && prompt_hash != send.prompt_hash) {
+    // This chunk was computed under other weights than the chunks before
+    // it (or than the claim promised): the two must never meet in one D
+    // load. The send ends; D recomputes.
+    ++stats_.progresses_refused;
+    ++stats_.prompt_mismatch;
+    EndSend(s, TransferResult::kMismatch, now);
+    return CancelledError("transfer " + transfer.ToString() +
+                          ": a chunk's KV was computed under other weights than claimed");
+  }
+  if (prefix.size() <= send.blocks.size()) return Status::Ok();
+  ++stats_.progresses;
+  if (prompt_hash != 0) send.prompt_hash = prompt_hash;
+  send.blocks.assign(prefix.begin(), prefix.end());
+  if (first) {
+    ++stats_.streams;
+    send.state = SendState::kStreaming;
+    send.holds_blocks = true;
+    send.total_blocks = total_blocks;
+    // As at Ready: a pull for another fingerprint ends the send, one for
+    // more blocks than the prompt has is refused.
+    if (EndedOnMismatchedPull(s, now)) return Status::Ok();
   }
   uint32_t i = send.items.head;
   while (i != kNil) {
     const uint32_t next = items_[i].in_send.next;
-    KV_CHECK(items_[i].state == ItemState::kWaiting);
-    if (items_[i].dst.size() > send.blocks.size()) {
+    if (items_[i].state == ItemState::kWaiting && items_[i].want > total_blocks) {
       ++stats_.items_rejected;
       AnswerItem(i, TransferResult::kRejected);
     } else {
-      items_[i].state = ItemState::kQueued;
-      ListPush<&Item::in_queue>(admission_, i);
+      QueueIfAvailable(i);
     }
     i = next;
   }
@@ -185,7 +262,9 @@ void SendTable::ReleaseHeld(Instant now) {
   std::vector<uint32_t> held;
   held.reserve(index_.size());
   index_.ForEach([&](uint32_t s) {
-    if (sends_[s].state == SendState::kReady) held.push_back(s);
+    if (sends_[s].state == SendState::kReady || sends_[s].state == SendState::kStreaming) {
+      held.push_back(s);
+    }
   });
   // Slot order, not hash order: the same inputs give the same actions.
   std::sort(held.begin(), held.end());
@@ -282,17 +361,12 @@ void SendTable::Pull(PeerId peer, uint64_t pull_seq,
       EndSend(s, TransferResult::kMismatch, now);
       continue;
     }
-    if (sends_[s].state == SendState::kReady &&
-        item->dst.size() > sends_[s].blocks.size()) {
+    if (sends_[s].holds_blocks && item->dst.size() > sends_[s].total_blocks) {
       ++stats_.items_rejected;
       Answer(peer, pull_seq, item->transfer, TransferResult::kRejected);
       continue;
     }
-    uint32_t i = NewItem(s, peer, pull_seq, *item, now);
-    if (sends_[s].state == SendState::kReady) {
-      items_[i].state = ItemState::kQueued;
-      ListPush<&Item::in_queue>(admission_, i);
-    }
+    QueueIfAvailable(NewItem(s, peer, pull_seq, *item, now));
   }
   AdmitWrites(now);
 }
@@ -340,6 +414,26 @@ void SendTable::WriteDone(WriteId write, bool ok, Instant now) {
   --send.writes_in_flight;
   --writes_in_flight_;
   ++(ok ? stats_.writes_ok : stats_.writes_failed);
+  Item& item = items_[i];
+  if (ok && (item.writing_to < item.want || !send.readied)) {
+    // A chunk of a streamed transfer landed; the item is not done.
+    item.sent = item.writing_to;
+    if (send.state == SendState::kDone) {
+      ++stats_.writes_done_after_end;
+      AnswerItem(i, EndAnswer(send));
+      MaybeRelease(s);
+    } else {
+      item.state = ItemState::kWaiting;
+      deadlines_.Arm(i, item.deadline);
+      if (now >= item.deadline) {
+        OnItemDeadline(i, now);
+      } else {
+        QueueIfAvailable(i);
+      }
+    }
+    AdmitWrites(now);
+    return;
+  }
   // The write's own result is the truth about the bytes it moved, whatever
   // happened to the transfer meanwhile.
   AnswerItem(i, ok ? TransferResult::kOk : TransferResult::kWriteFailed);
@@ -412,8 +506,7 @@ void SendTable::EndSend(uint32_t s, TransferResult reason, Instant now) {
   expiry_.Cancel(s);
   // Answer every item that is still waiting (for the prefill or a sender).
   // Items being written keep their place: their write's completion answers.
-  const TransferResult answer =
-      reason == TransferResult::kOk ? TransferResult::kAlreadyPulled : reason;
+  const TransferResult answer = EndAnswer(send);
   uint32_t i = send.items.head;
   while (i != kNil) {
     uint32_t next = items_[i].in_send.next;
@@ -446,7 +539,8 @@ void SendTable::AdmitWrites(Instant now) {
     Item& item = items_[i];
     KV_CHECK(item.state == ItemState::kQueued);
     const uint32_t s = item.send;
-    KV_CHECK(sends_[s].state == SendState::kReady);
+    KV_CHECK(sends_[s].state == SendState::kReady ||
+             sends_[s].state == SendState::kStreaming);
     if (now >= item.deadline) {
       ++stats_.deadline_at_admission;
       OnItemDeadline(i, now);
@@ -459,15 +553,60 @@ void SendTable::AdmitWrites(Instant now) {
     ++send.writes_in_flight;
     ++writes_in_flight_;
     ++stats_.writes_started;
-    // D may hold a prefix of the prompt already: it asks for the tail.
-    KV_CHECK_LE(item.dst.size(), send.blocks.size());
-    std::vector<BlockId> src(send.blocks.end() - static_cast<std::ptrdiff_t>(item.dst.size()),
-                             send.blocks.end());
-    // The writer takes the item's dst: a writing item never reads it again.
+    // D may hold a prefix of the prompt already: it asks for the tail,
+    // dst[k] is the prompt's block offset + k. This write covers the dst
+    // blocks not written yet whose KV P has now: all of them once READY.
+    const uint32_t offset = send.total_blocks - item.want;
+    const uint32_t upto = Available(i);
+    KV_CHECK_GT(upto, item.sent);
+    const auto first = send.blocks.begin() + static_cast<std::ptrdiff_t>(offset + item.sent);
+    std::vector<BlockId> src(first, first + static_cast<std::ptrdiff_t>(upto - item.sent));
+    std::vector<BlockId> dst;
+    if (item.sent == 0 && upto == item.want) {
+      // The item's one write takes its dst: it never reads it again.
+      dst = std::move(item.dst);
+    } else {
+      ++stats_.chunk_writes;
+      dst.assign(item.dst.begin() + item.sent, item.dst.begin() + upto);
+    }
+    item.writing_to = upto;
     actions_.push_back(StartWrite{WriteId{i, item.generation}, item.peer,
                                   item.pull_seq, send.transfer, std::move(src),
-                                  std::move(item.dst), item.deadline});
+                                  std::move(dst), item.deadline});
   }
+}
+
+bool SendTable::EndedOnMismatchedPull(uint32_t s, Instant now) {
+  const Send& send = sends_[s];
+  for (uint32_t i = send.items.head; i != kNil; i = items_[i].in_send.next) {
+    if (!PromptMatches(send.prompt_hash, items_[i].prompt_hash)) {
+      ++stats_.prompt_mismatch;
+      EndSend(s, TransferResult::kMismatch, now);
+      return true;
+    }
+  }
+  return false;
+}
+
+uint32_t SendTable::Available(uint32_t i) const {
+  const Item& item = items_[i];
+  const Send& send = sends_[item.send];
+  if (!send.holds_blocks) return 0;
+  const uint32_t offset = send.total_blocks - item.want;
+  const auto have = static_cast<uint32_t>(send.blocks.size());
+  return have <= offset ? 0 : std::min(have - offset, item.want);
+}
+
+void SendTable::QueueIfAvailable(uint32_t i) {
+  Item& item = items_[i];
+  const SendState state = sends_[item.send].state;
+  if (item.state != ItemState::kWaiting ||
+      (state != SendState::kReady && state != SendState::kStreaming) ||
+      Available(i) <= item.sent) {
+    return;
+  }
+  item.state = ItemState::kQueued;
+  ListPush<&Item::in_queue>(admission_, i);
 }
 
 // A pull waited too long for its prefill or a sender. D fails the load on
@@ -550,6 +689,9 @@ uint32_t SendTable::NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,
                                                : options_.abort_timeout;
   item.deadline = now + std::min(budget, options_.abort_timeout);
   item.dst = pulled.dst;
+  item.want = static_cast<uint32_t>(pulled.dst.size());
+  item.sent = 0;
+  item.writing_to = 0;
   item.prompt_hash = pulled.prompt_hash;
   item.in_send = Links{};
   item.in_queue = Links{};
@@ -671,104 +813,6 @@ void SendTable::ListRemove(List& list, uint32_t i) {
   links = Links{};
   KV_CHECK_GT(list.size, 0u);
   --list.size;
-}
-
-// ---------------------------------------------------------------------------
-
-void SendTable::CheckInvariants() const {
-  expiry_.CheckInvariants();
-  deadlines_.CheckInvariants();
-  KV_CHECK_LE(writes_in_flight_, options_.num_workers);
-  KV_CHECK_EQ(tombstones_.size(), tombstone_fifo_.size());
-  size_t items_seen = 0, queued_seen = 0;
-  uint32_t writes_seen = 0;
-  // Every entry's tag is its record's transfer id's, and a lookup of that
-  // id finds the entry.
-  index_.CheckInvariants(SendKeyOf{&sends_});
-  index_.ForEach([&](uint32_t s) {
-    const Send& send = sends_[s];
-    KV_CHECK(send.used);
-    // A DONE record lingers only while a write reads its blocks.
-    if (send.state == SendState::kDone) {
-      KV_CHECK_GT(send.writes_in_flight, 0u);
-      KV_CHECK(!expiry_.IsArmed(s));
-    }
-    // Every READY send and every unclaimed placeholder can expire; a
-    // running request never does.
-    if (send.state == SendState::kReady) KV_CHECK(expiry_.IsArmed(s));
-    if (send.state == SendState::kWaiting) {
-      KV_CHECK_EQ(expiry_.IsArmed(s), !send.claimed);
-      KV_CHECK(!send.holds_blocks);
-    }
-    KV_CHECK_EQ(send.holds_blocks, !send.blocks.empty());
-    uint32_t writing = 0;
-    uint32_t n = 0;
-    for (uint32_t i = send.items.head; i != kNil; i = items_[i].in_send.next) {
-      const Item& item = items_[i];
-      KV_CHECK_EQ(item.send, s);
-      ++n;
-      switch (item.state) {
-        case ItemState::kWaiting:
-          KV_CHECK(send.state == SendState::kWaiting);
-          KV_CHECK(deadlines_.IsArmed(i));
-          break;
-        case ItemState::kQueued:
-          KV_CHECK(send.state == SendState::kReady);
-          KV_CHECK(deadlines_.IsArmed(i));
-          ++queued_seen;
-          break;
-        case ItemState::kWriting:
-          KV_CHECK(!deadlines_.IsArmed(i));
-          ++writing;
-          break;
-        case ItemState::kFree:
-          KV_CHECK_MSG(false, "free item linked to a send");
-      }
-    }
-    KV_CHECK_EQ(n, send.items.size);
-    KV_CHECK_EQ(writing, send.writes_in_flight);
-    writes_seen += writing;
-    items_seen += n;
-  });
-  KV_CHECK_EQ(items_seen, live_items_);
-  KV_CHECK_EQ(live_keys_.size(), live_items_);
-  KV_CHECK_EQ(answered_.size(), answered_fifo_.size());
-  // Both memories evict before they insert: never bound + 1 entries, so
-  // never a capacity doubled for one entry.
-  KV_CHECK_LE(answered_.capacity(), decltype(answered_)::CapacityFor(options_.max_tombstones));
-  KV_CHECK_LE(tombstones_.capacity(),
-              decltype(tombstones_)::CapacityFor(options_.max_tombstones));
-  KV_CHECK_EQ(queued_seen, admission_.size);
-  KV_CHECK_EQ(writes_seen, writes_in_flight_);
-  KV_CHECK_EQ(deadlines_.size() + writes_in_flight_, live_items_);
-  // A sender is idle only when nothing waits for one.
-  if (admission_.size > 0) KV_CHECK_EQ(writes_in_flight_, options_.num_workers);
-  for (const auto& [t, r] : tombstones_) KV_CHECK(r != TransferResult::kOk);
-}
-
-}  // namespace kvrelay
-
-namespace kvrelay {
-
-const char* SendStateName(SendState state) {
-  switch (state) {
-    case SendState::kWaiting: return "WAITING";
-    case SendState::kReady: return "READY";
-    case SendState::kDone: return "DONE";
-  }
-  return "?";
-}
-
-std::vector<SendView> SendTable::Sends() const {
-  std::vector<SendView> out;
-  out.reserve(index_.size());
-  for (const Send& s : sends_) {
-    if (!s.used) continue;
-    out.push_back(SendView{s.transfer, s.state, s.created, s.need, s.pulled,
-                           s.writes_in_flight, static_cast<uint32_t>(s.blocks.size()),
-                           s.items.size});
-  }
-  return out;
 }
 
 }  // namespace kvrelay

@@ -28,15 +28,20 @@
 //            (a placeholder, unclaimed). No blocks held. Pulls wait.
 //   READY    Prefill done; P holds the blocks. Pulls are admitted, in
 //            arrival order, to at most `num_workers` concurrent writes.
+//   STREAMING  P is still running the request but has handed over the
+//            blocks of its finished prompt chunks (Progress); pulls are
+//            served chunk by chunk as those blocks come. Blocks held; no
+//            expiry (the request is running), each pull keeps its deadline.
 //   DONE     Nothing more will be sent. The record lingers only while writes
 //            are in flight; the blocks are released when the last one ends.
 //
 //   claim:  (none) -> WAITING(claimed); placeholder -> WAITING(claimed)
-//   ready:  WAITING(claimed) -> READY        (arms expiry: now + abort_timeout)
+//   progress: WAITING(claimed) -> STREAMING; STREAMING -> STREAMING (more)
+//   ready:  WAITING(claimed) | STREAMING -> READY (arms expiry: now + abort_timeout)
 //   pull:   (none) -> WAITING(placeholder)   (arms expiry: now + abort_timeout)
-//   release | abort | release_held (READY only) | expire | write failed
-//           | deadline
-//           | every needed D rank pulled:    WAITING/READY -> DONE via EndSend
+//   release | abort | release_held (READY, STREAMING) | expire
+//           | write failed | deadline | progress under other weights
+//           | every needed D rank pulled:    any live state -> DONE via EndSend
 //
 // EndSend() is the only function that moves a send to DONE. It answers every
 // pull item still waiting on the send, leaves a tombstone (unless the send
@@ -44,6 +49,16 @@
 // in flight. Releases, "pulled", expiry and aborts therefore commute: the
 // first one to reach EndSend wins; the others find DONE or a tombstone and
 // do nothing but answer.
+//
+// Streaming (chunk-wise hand-off): a pull item is answered once, after the
+// write of its last block; before that it may be written in several
+// chunks, one write in flight at a time, each admitted to a sender like
+// any write (deadline re-checked). An item answers kOk only after READY:
+// no D load completes on a partial transfer. A chunk write that ends after
+// the send ended answers the end's reason, not kOk. The first accepted
+// Progress is the hold: SendFinished is owed from then on, exactly as after
+// Ready, so P's engine frees a streamed request's blocks only after it —
+// never while a chunk write reads them, whatever ends the send.
 //
 // Resent pulls: after a reconnect D resends its unanswered pulls with the
 // same sequence numbers (messages in flight on a broken connection are
@@ -85,6 +100,7 @@
 
 #include "base/flat_map.h"
 #include "base/slot_index.h"
+#include "base/result.h"
 #include "base/status.h"
 #include "core/first_token.h"
 #include "base/time.h"
@@ -154,7 +170,7 @@ struct SendFinished {
 
 using SendAction = std::variant<AnswerPull, StartWrite, SendFinished>;
 
-enum class SendState : uint8_t { kWaiting, kReady, kDone };
+enum class SendState : uint8_t { kWaiting, kStreaming, kReady, kDone };
 const char* SendStateName(SendState state);
 
 // One live send as observers (/debug/state) see it.
@@ -175,6 +191,10 @@ struct SendTableStats {
   uint64_t claims_after_end = 0;
   uint64_t readies = 0;
   uint64_t readies_refused = 0;
+  uint64_t streams = 0;           // sends whose first Progress was accepted
+  uint64_t progresses = 0;        // Progress calls that handed over more blocks
+  uint64_t progresses_refused = 0;
+  uint64_t chunk_writes = 0;      // writes of part of an item (streaming)
   uint64_t pull_items = 0;
   uint64_t releases = 0;
   uint64_t placeholders = 0;
@@ -236,14 +256,29 @@ class SendTable {
   Status Ready(TransferId transfer, std::vector<BlockId> blocks, Instant now,
                uint64_t prompt_hash = 0, uint32_t first_token = kNoFirstToken);
 
+  // Chunk-wise hand-off: the request is still running, and `prefix` — the
+  // first blocks of the `total_blocks` its prompt will have, in prompt
+  // order — now hold finished KV. Each call hands over a longer prefix of
+  // the same blocks (a shorter or equal one is a no-op); Ready() later
+  // hands over all `total_blocks`. The first accepted call makes the table
+  // own the hold, exactly as Ready() does: SendFinished is emitted once,
+  // even if the send ends before Ready (then Ready is refused). Errors as
+  // Ready's, plus kInvalidArgument if `prefix` is empty or longer than
+  // `total_blocks`; a `prompt_hash` other than the send's (a weights update
+  // between chunks) ends the send (kMismatch) and returns kCancelled.
+  // REQUIRES: Ready() was not accepted for this transfer; `prefix` extends
+  // the previous one; `total_blocks` is the same in every call.
+  Status Progress(TransferId transfer, std::span<const BlockId> prefix,
+                  uint32_t total_blocks, Instant now, uint64_t prompt_hash = 0);
+
   // P aborts the request (before scheduling, while running or after ready).
   // An unknown transfer gets a tombstone so a later pull fails fast.
   void Abort(TransferId transfer, Instant now);
 
-  // The engine's abort-transfers hook, for a cache reset: ends every READY
-  // send (kReset: D recomputes, whatever its failure policy) so P gets its
-  // blocks back. Sends of requests P has not finished (WAITING: claimed or
-  // placeholders) go on; they hold no blocks.
+  // The engine's abort-transfers hook, for a cache reset: ends every send
+  // that holds blocks (READY, STREAMING; kReset: D recomputes, whatever its
+  // failure policy) so P gets its blocks back. Sends that hold none
+  // (WAITING: claimed or placeholders) go on.
   void ReleaseHeld(Instant now);
 
   // A pull from D rank `peer`, carrying one or more transfers.
@@ -302,6 +337,9 @@ class SendTable {
     uint64_t pull_seq = 0;
     Instant deadline;
     std::vector<BlockId> dst;
+    uint32_t want = 0;        // dst blocks asked for (dst itself moves to the last write)
+    uint32_t sent = 0;        // dst[0, sent) written (streaming: in chunks)
+    uint32_t writing_to = 0;  // kWriting: this write covers dst[sent, writing_to)
     uint64_t prompt_hash = 0;
     Links in_send;            // on Send::items (waiting, queued or writing)
     Links in_queue;           // on admission_ (queued only)
@@ -315,7 +353,9 @@ class SendTable {
     SendState state = SendState::kWaiting;
     Instant created;
     bool claimed = false;
-    bool holds_blocks = false;   // Ready() accepted; SendFinished owed
+    bool holds_blocks = false;   // Progress() or Ready() accepted; SendFinished owed
+    bool readied = false;        // Ready() accepted: `blocks` is the whole prompt
+    uint32_t total_blocks = 0;   // the prompt's blocks (streaming; Ready sets it too)
     TransferResult end_reason = TransferResult::kOk;
     uint32_t need = 0;
     uint32_t pulled = 0;
@@ -338,8 +378,23 @@ class SendTable {
   void MaybeRelease(uint32_t s);
   void AdmitWrites(Instant now);
   void OnItemDeadline(uint32_t i, Instant now);
+  // Streaming: how many of item `i`'s dst blocks have KV at P now.
+  uint32_t Available(uint32_t i) const;
+  // Blocks handed over: a pull that waited with another fingerprint ends
+  // the send (kMismatch; see Pull). True if it did.
+  bool EndedOnMismatchedPull(uint32_t s, Instant now);
+  // A waiting item with blocks to write joins the admission queue.
+  void QueueIfAvailable(uint32_t i);
 
   // --- helpers ---
+  // Ready's and Progress's refusals (unknown, ended, unclaimed): the live
+  // claimed send's slot, or the error (counted in `refused`).
+  Result<uint32_t> HandOverTarget(TransferId transfer, const char* what, uint64_t& refused);
+  // The answer for an item of a DONE send that did not get all its blocks.
+  static TransferResult EndAnswer(const Send& send) {
+    return send.end_reason == TransferResult::kOk ? TransferResult::kAlreadyPulled
+                                                  : send.end_reason;
+  }
   uint32_t NewSend(TransferId transfer, Instant now);
   void FreeSend(uint32_t s);
   uint32_t NewItem(uint32_t s, PeerId peer, uint64_t pull_seq,

@@ -56,11 +56,7 @@ inline void PrintTo(StatusCode c, std::ostream* os) {
   *os << StatusCodeName(c);
 }
 inline void PrintTo(SendState s, std::ostream* os) {
-  switch (s) {
-    case SendState::kWaiting: *os << "WAITING"; break;
-    case SendState::kReady: *os << "READY"; break;
-    case SendState::kDone: *os << "DONE"; break;
-  }
+  *os << SendStateName(s);
 }
 inline void PrintTo(const Instant& t, std::ostream* os) {
   *os << t.ns() << "ns";

@@ -203,7 +203,8 @@ ServerMetrics::ServerMetrics() {
                         "D: time the model spent taking landed KV in (llama.cpp engines)", {},
                         [s] { return static_cast<double>(s->engine.kv_copy.import_ns) / 1e9; });
   const char* kTrHelp = "live sends (P), by state, summed over ranks";
-  for (SendState st : {SendState::kWaiting, SendState::kReady, SendState::kDone}) {
+  for (SendState st : {SendState::kWaiting, SendState::kStreaming, SendState::kReady,
+                        SendState::kDone}) {
     gauge("kvrelay_transfers", kTrHelp, {{"state", SendStateName(st)}}, [s, st] {
       double n = 0;
       for (const auto& rk : s->ranks) {
