@@ -49,6 +49,7 @@ struct SimCliOptions {
   std::string call_order = "all";
   double call_gap_ms = 20;
   std::string policy = "all";
+  std::string stream = "all";
 };
 
 // Runs matrix cases (all, or the one named) under every configuration
@@ -66,8 +67,9 @@ int RunMatrix(const std::string& only, bool trace, const std::vector<sim::Matrix
       return 2;
     }
   }
-  std::printf("%-4s %-28s %-9s %-9s %-6s %10s %6s %6s %7s %6s %6s\n", "#", "case", "order",
-              "policy", "result", "call (s)", "ok", "error", "aborted", "probes", "blocks");
+  std::printf("%-4s %-28s %-9s %-9s %-6s %-6s %10s %6s %6s %7s %6s %6s\n", "#", "case", "order",
+              "policy", "stream", "result", "call (s)", "ok", "error", "aborted", "probes",
+              "blocks");
   uint32_t passed = 0, failed = 0;
   for (const sim::MatrixConfig& config : configs) {
     int n = 0;
@@ -82,15 +84,17 @@ int RunMatrix(const std::string& only, bool trace, const std::vector<sim::Matrix
       sim::SimResult r = s.Run();
       const char* order = both ? sim::OrderName(config.order) : "-";
       const char* policy = config.recompute_on_failure ? "recompute" : "fail";
-      std::printf("%-4d %-28s %-9s %-9s %-6s %10.4f %6u %6u %7u %6u %6zu\n", n,
-                  plan.name.c_str(), order, policy, r.ok ? "pass" : "FAIL",
+      const char* stream = config.stream_chunks ? "on" : "off";
+      std::printf("%-4d %-28s %-9s %-9s %-6s %-6s %10.4f %6u %6u %7u %6u %6zu\n", n,
+                  plan.name.c_str(), order, policy, stream, r.ok ? "pass" : "FAIL",
                   r.call_latency.seconds(), r.requests_ok, r.requests_error, r.requests_aborted,
                   r.probes_ok, r.blocks_left);
       if (!r.ok) {
         std::printf("     %s\n     replay: build/kvrelay sim --scenario %s --kv-mode %s "
-                    "--call-order %s --call-gap-ms %g --kv-load-failure-policy %s --trace\n",
+                    "--call-order %s --call-gap-ms %g --kv-load-failure-policy %s "
+                    "--stream-chunks %s --trace\n",
                     r.failure.c_str(), plan.name.c_str(), KvModeName(config.kv_mode),
-                    sim::OrderName(config.order), config.gap.seconds() * 1e3, policy);
+                    sim::OrderName(config.order), config.gap.seconds() * 1e3, policy, stream);
       }
       ++(r.ok ? passed : failed);
     }
@@ -118,6 +122,10 @@ constexpr Mark kRequiredMarks[] = {
     Mark::kFastAbortBeforeClaim, Mark::kProducerToken,
     Mark::kQueueWaitExpired,    Mark::kRouterRelease,
     Mark::kRouterReleaseEndedSend,
+    // chunk-wise hand-off (a preempted stream, Mark::kStreamParked, is the
+    // matrix's: too rare in seeded runs to require)
+    Mark::kStreamed,            Mark::kChunkWrite,
+    Mark::kStreamEnded,         Mark::kProgressRefused,
     // read mode
     Mark::kLeaseExpired,        Mark::kLeaseExpiredRevoking,
     Mark::kLeaseExtended,       Mark::kRevokeSent,
@@ -415,20 +423,34 @@ int RunCommand(const SimCliOptions& o) {
                    "not '%s'\n", o.policy.c_str());
       return 2;
     }
+    // Streaming is a push-mode hand-off: read mode hands off whole.
+    std::vector<bool> streams;
+    if (o.stream == "all" || o.stream == "off") streams.push_back(false);
+    if ((o.stream == "all" && mode == KvMode::kPush) || o.stream == "on") streams.push_back(true);
+    if (streams.empty() || (o.stream == "on" && mode != KvMode::kPush)) {
+      std::fprintf(stderr,
+                   "kvrelay sim: --stream-chunks must be off, on or all (on: push mode "
+                   "only), not '%s'\n", o.stream.c_str());
+      return 2;
+    }
     std::vector<sim::MatrixConfig> configs;
-    for (bool recompute : policies) {
-      for (auto order : orders) {
-        sim::MatrixConfig c;
-        c.kv_mode = mode;
-        c.order = order;
-        c.gap = Duration::Microseconds(static_cast<int64_t>(o.call_gap_ms * 1000));
-        c.recompute_on_failure = recompute;
-        configs.push_back(c);
+    for (bool stream : streams) {
+      for (bool recompute : policies) {
+        for (auto order : orders) {
+          sim::MatrixConfig c;
+          c.kv_mode = mode;
+          c.order = order;
+          c.gap = Duration::Microseconds(static_cast<int64_t>(o.call_gap_ms * 1000));
+          c.recompute_on_failure = recompute;
+          c.stream_chunks = stream;
+          configs.push_back(c);
+        }
       }
     }
     std::printf("lifecycle matrix, kv mode %s, call order %s (gap %g ms), "
-                "kv_load_failure_policy %s\n", KvModeName(mode), o.call_order.c_str(),
-                o.call_gap_ms, o.policy.c_str());
+                "kv_load_failure_policy %s, stream chunks %s\n", KvModeName(mode),
+                o.call_order.c_str(), o.call_gap_ms, o.policy.c_str(),
+                mode == KvMode::kPush ? o.stream.c_str() : "off");
     return RunMatrix(o.scenario, o.trace, configs);
   }
   if (o.seed >= 0) return RunOne(static_cast<uint64_t>(o.seed), o.trace);
@@ -549,6 +571,11 @@ void RegisterSim(CLI::App& app) {
                   "With --matrix/--scenario: recompute (a failed load recomputes), fail (it "
                   "fails its request; only a call that aborts may then end requests with "
                   "an error), or all (both in turn)")
+      ->capture_default_str();
+  cmd->add_option("--stream-chunks", o->stream,
+                  "With --matrix/--scenario: off (P hands the KV off when its prefill ends), "
+                  "on (P hands each finished prompt chunk off while the prefill goes on; push "
+                  "mode only), or all (both in turn; read mode: off)")
       ->capture_default_str();
   cmd->callback([o] { SetExitCode(RunCommand(*o)); });
 }

@@ -27,16 +27,31 @@ struct ClaimOp {
   uint64_t prompt_hash = 0;
   uint32_t consumer_engine = UINT32_MAX;  // UINT32_MAX: the first D engine to pull
 };
+// P (push mode, streaming): the request still runs; `blocks`, the first of
+// the `total_blocks` its prompt has, hold finished KV. `first`: no
+// ProgressOp of this transfer came before — the rank reports the transfer
+// once, for the first ProgressOp or ReadyOp it gets (RankConnector).
+struct ProgressOp {
+  TransferId transfer;
+  std::vector<BlockId> blocks;
+  uint32_t total_blocks = 0;
+  uint64_t prompt_hash = 0;
+  bool first = false;
+};
 // P: its prefill finished; these blocks (same ids on every rank) hold it.
 struct ReadyOp {
   TransferId transfer;
   std::vector<BlockId> blocks;
   uint64_t prompt_hash = 0;   // fingerprint of the KV in `blocks`
   uint32_t first_token = kNoFirstToken;  // the token P computed from it
+  bool streamed = false;      // a ProgressOp of this transfer came before
 };
-// P: the request was aborted; end its send.
+// P: the request was aborted (or, `reset`, preempted while it streamed:
+// D recomputes whatever its failure policy, as after a cache reset); end
+// its send.
 struct AbortSendOp {
   TransferId transfer;
+  bool reset = false;
 };
 // D: blocks are allocated; pull the KV from the producer engine's ranks.
 struct LoadOp {
@@ -61,6 +76,7 @@ struct ReleaseUnstartedOp {
 
 struct ConnectorMetadata {
   std::vector<ClaimOp> claims;
+  std::vector<ProgressOp> progress;  // applied after claims, before readies
   std::vector<ReadyOp> readies;
   std::vector<AbortSendOp> aborts;
   std::vector<LoadOp> loads;
@@ -69,7 +85,7 @@ struct ConnectorMetadata {
   bool abort_all = false;  // abort_transfers(), applied after the rest
 
   bool empty() const {
-    return claims.empty() && readies.empty() && aborts.empty() &&
+    return claims.empty() && progress.empty() && readies.empty() && aborts.empty() &&
            loads.empty() && releases.empty() && unstarted_releases.empty() &&
            !abort_all;
   }

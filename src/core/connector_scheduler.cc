@@ -86,6 +86,26 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
           ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end()),
                   prompt_hash != 0 ? prompt_hash : e.params.prompt_hash, first_token});
       return true;
+    case Phase::kStreaming:
+      // Ranks may be reading the blocks handed over: keep them until every
+      // rank is done (at once if all ended the send already).
+      if (aborted || blocks.empty()) {
+        pending_.aborts.push_back(AbortSendOp{e.params.transfer});
+      } else if (e.reports < options_.tp) {
+        pending_.readies.push_back(
+            ReadyOp{e.params.transfer, std::vector<BlockId>(blocks.begin(), blocks.end()),
+                    prompt_hash != 0 ? prompt_hash : e.params.prompt_hash, first_token,
+                    /*streamed=*/true});
+      }
+      if (e.reports == options_.tp) {
+        Erase(it);
+        return false;
+      }
+      e.phase = Phase::kHeld;
+      return true;
+    case Phase::kAbandoned:
+      // Its hand-off ended at the preemption; what it recomputed is its own.
+      return false;
     case Phase::kAwaitingAlloc:
       pending_.unstarted_releases.push_back(
           ReleaseUnstartedOp{e.params.transfer, e.params.remote_engine,
@@ -102,6 +122,44 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
       KV_CHECK_MSG(false, "RequestFinished twice for one request");
   }
   return false;
+}
+
+void ConnectorScheduler::PrefillProgress(RequestId request, std::span<const BlockId> prefix,
+                                         uint32_t total_blocks, uint64_t prompt_hash) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return;
+  Entry& e = it->second;
+  if (e.phase != Phase::kClaimed && e.phase != Phase::kStreaming) return;
+  if (prefix.size() <= e.streamed || e.reports == options_.tp) return;
+  KV_CHECK_LE(prefix.size(), total_blocks);
+  const bool first = e.phase == Phase::kClaimed;
+  if (first) e.reports = 0;
+  e.phase = Phase::kStreaming;
+  e.streamed = static_cast<uint32_t>(prefix.size());
+  pending_.progress.push_back(
+      ProgressOp{e.params.transfer, std::vector<BlockId>(prefix.begin(), prefix.end()),
+                 total_blocks, prompt_hash != 0 ? prompt_hash : e.params.prompt_hash, first});
+}
+
+bool ConnectorScheduler::Streaming(RequestId request) const {
+  auto it = requests_.find(request);
+  return it != requests_.end() && it->second.phase == Phase::kStreaming;
+}
+
+bool ConnectorScheduler::StreamPreempted(RequestId request) {
+  auto it = requests_.find(request);
+  if (it == requests_.end() || it->second.phase != Phase::kStreaming) return false;
+  Entry& e = it->second;
+  if (e.reports == options_.tp) {
+    // Every rank is done with the blocks already.
+    Erase(it);
+    return false;
+  }
+  // kReset: as for a held send at a cache reset, D recomputes whatever its
+  // failure policy (a request kept by a call must not fail for it).
+  pending_.aborts.push_back(AbortSendOp{e.params.transfer, /*reset=*/true});
+  e.phase = Phase::kAbandoned;
+  return true;
 }
 
 void ConnectorScheduler::AbortHeld(RequestId request) {
@@ -125,9 +183,13 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
     KV_CHECK(s != sending_.end());
     const RequestId request = s->second;
     Entry& e = requests_.at(request);
-    KV_CHECK(e.phase == Phase::kHeld);
-    if (++e.reports == options_.tp) {
-      out.sending_done.push_back(request);
+    KV_CHECK(e.phase == Phase::kHeld || e.phase == Phase::kStreaming ||
+             e.phase == Phase::kAbandoned);
+    ++e.reports;
+    KV_CHECK_LE(e.reports, options_.tp);
+    // A streaming request still runs: RequestFinished sees the count.
+    if (e.reports == options_.tp && e.phase != Phase::kStreaming) {
+      (e.phase == Phase::kHeld ? out.sending_done : out.unparked).push_back(request);
       Erase(requests_.find(request));
     }
   }
@@ -166,7 +228,7 @@ EngineFinished ConnectorScheduler::OnRankReport(uint32_t rank,
 void ConnectorScheduler::Erase(std::unordered_map<RequestId, Entry>::iterator it) {
   KV_CHECK(it != requests_.end());
   const Entry& e = it->second;
-  auto& index = (e.phase == Phase::kClaimed || e.phase == Phase::kHeld) ? sending_ : receiving_;
+  auto& index = Sending(e.phase) ? sending_ : receiving_;
   auto x = index.find(e.params.transfer);
   KV_CHECK(x != index.end() && x->second == it->first);
   index.erase(x);
@@ -191,7 +253,7 @@ void ConnectorScheduler::CheckInvariants() const {
   size_t p = 0, d = 0;
   for (const auto& [r, e] : requests_) {
     KV_CHECK_LE(e.reports, options_.tp);
-    const bool sending = e.phase == Phase::kClaimed || e.phase == Phase::kHeld;
+    const bool sending = Sending(e.phase);
     auto& index = sending ? sending_ : receiving_;
     ++(sending ? p : d);
     auto s = index.find(e.params.transfer);

@@ -22,6 +22,10 @@
 //
 // Per request (role P):  CLAIMED --finished--> HELD --all ranks sent--> gone
 //                        CLAIMED --aborted--> gone (nothing was handed over)
+//   streaming (push):    CLAIMED --chunk--> STREAMING --finished/aborted--> HELD
+//                        STREAMING --preempted--> ABANDONED --all ranks--> gone
+//                        (a rank may end its send early: counted, and once
+//                        all have, the finished request frees at once)
 // Per request (role D):  AWAITING_ALLOC --alloc--> LOADING --all ranks--> gone
 //                        LOADING --finished--> RELEASING --all ranks--> gone
 //                        AWAITING_ALLOC --finished--> gone (release sent)
@@ -81,6 +85,9 @@ struct EngineFinished {
   std::vector<RequestId> sending_done;   // P: free the held blocks
   std::vector<LoadOutcome> recving_done; // D: load ended (ok or failed)
   std::vector<RequestId> released;       // D: free the released blocks
+  // P: blocks parked when a streaming request was preempted (StreamPreempted)
+  // are read by no rank any more: free them.
+  std::vector<RequestId> unparked;
 };
 
 struct ConnectorSchedulerStats {
@@ -117,6 +124,25 @@ class ConnectorScheduler {
                        bool aborted, uint64_t prompt_hash = 0,
                        uint32_t first_token = kNoFirstToken);
 
+  // P, chunk-wise hand-off: the running request's first prefix.size() of
+  // its prompt's `total_blocks` blocks hold finished KV (computed under the
+  // weights `prompt_hash` fingerprints, 0: the admission's). The ranks may
+  // read them from now on, so from the first call RequestFinished keeps
+  // the blocks (returns true) until every rank is done with them. A prefix
+  // no longer than the last one's, or a request not streaming, is ignored.
+  void PrefillProgress(RequestId request, std::span<const BlockId> prefix,
+                       uint32_t total_blocks, uint64_t prompt_hash = 0);
+
+  // P: is the request streaming (some blocks handed over, a rank may read)?
+  bool Streaming(RequestId request) const;
+
+  // P: a streaming request is preempted (it gives its blocks back and
+  // recomputes). Its send ends on every rank; the engine parks the blocks
+  // handed over until EngineFinished::unparked names the request. True if
+  // the engine must park them; false (nothing handed over) if it may free.
+  // The request's hand-off is over: the recompute hands nothing over.
+  bool StreamPreempted(RequestId request);
+
   // P: an already-finished request whose KV is held is aborted
   // (abort_requests on it): end its send now.
   void AbortHeld(RequestId request);
@@ -135,7 +161,7 @@ class ConnectorScheduler {
 
  private:
   enum class Phase : uint8_t {
-    kClaimed, kHeld,                        // P
+    kClaimed, kStreaming, kHeld, kAbandoned,  // P
     kAwaitingAlloc, kLoading, kReleasing,   // D
   };
   struct Entry {
@@ -145,7 +171,12 @@ class ConnectorScheduler {
     bool load_ok = true;
     bool cut_short = false;
     uint32_t first_token = kNoFirstToken;  // what the ranks' loads agreed on
+    uint32_t streamed = 0;  // P: blocks handed over (ProgressOp)
   };
+  static bool Sending(Phase phase) {
+    return phase == Phase::kClaimed || phase == Phase::kStreaming || phase == Phase::kHeld ||
+           phase == Phase::kAbandoned;
+  }
 
   const ConnectorSchedulerOptions options_;
   std::unordered_map<RequestId, Entry> requests_;

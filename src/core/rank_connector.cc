@@ -110,6 +110,20 @@ void RankConnector::ApplyProducer(Table& table, const ConnectorMetadata& meta, I
       ++stats_.claim_refused;
     }
   }
+  // Push mode streams: the first ProgressOp of a transfer is its hand-over
+  // on this rank (accepted: reported at its SendFinished; refused: now);
+  // later ones, and the ReadyOp after them, are reported by that one. Read
+  // mode hands off whole: it ignores ProgressOps, its ReadyOp is the first.
+  [[maybe_unused]] bool streams = false;
+  if constexpr (std::is_same_v<Table, SendTable>) {
+    streams = true;
+    for (const ProgressOp& op : meta.progress) {
+      const Status st = table.Progress(op.transfer, op.blocks, op.total_blocks, now,
+                                       op.prompt_hash);
+      if (!st.ok()) ++stats_.progress_refused;
+      if (!st.ok() && op.first) report_.finished_sending.push_back(op.transfer);
+    }
+  }
   for (const ReadyOp& op : meta.readies) {
     Status ready;
     if constexpr (std::is_same_v<Table, SendTable>) {
@@ -119,12 +133,19 @@ void RankConnector::ApplyProducer(Table& table, const ConnectorMetadata& meta, I
     }
     if (!ready.ok()) {
       // The send ended first (D released it, a deadline passed): nothing
-      // holds the blocks on this rank.
+      // holds the blocks on this rank (a streamed send: its first
+      // ProgressOp's report covers it).
       ++stats_.ready_refused;
-      report_.finished_sending.push_back(op.transfer);
+      if (!(streams && op.streamed)) report_.finished_sending.push_back(op.transfer);
     }
   }
-  for (const AbortSendOp& op : meta.aborts) table.Abort(op.transfer, now);
+  for (const AbortSendOp& op : meta.aborts) {
+    if constexpr (std::is_same_v<Table, SendTable>) {
+      table.Abort(op.transfer, now, op.reset ? TransferResult::kReset : TransferResult::kAborted);
+    } else {
+      table.Abort(op.transfer, now);  // read mode streams nothing to reset
+    }
+  }
 }
 
 template <typename Table>

@@ -8,9 +8,9 @@
 // vLLM's KVConnectorBase_V1 (start_load_kv / get_finished /
 // get_block_ids_with_load_errors).
 //
-// Reports: every transfer whose Ready this rank received is reported in
-// finished_sending exactly once (at once if the send had already ended,
-// else when its SendFinished comes); every LoadOp ends in exactly one
+// Reports: every transfer whose Ready (or, streamed, first Progress) this
+// rank received is reported in finished_sending exactly once (at once if
+// the send had already ended, else when its SendFinished comes); every LoadOp ends in exactly one
 // finished_recving entry unless released; every ReleaseLoadOp ends in
 // exactly one `released` entry.
 //
@@ -67,6 +67,7 @@ using RankAction = std::variant<OutMessage, StartWrite, StartRead>;
 struct RankConnectorStats {
   uint64_t unknown_producer = 0;    // LoadOp named a rank with no peer
   uint64_t ready_refused = 0;       // send had ended before the prefill did
+  uint64_t progress_refused = 0;    // ... before a chunk was handed over
   uint64_t claim_refused = 0;
   uint64_t messages_wrong_role = 0;
   uint64_t stale_incarnation = 0;

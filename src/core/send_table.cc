@@ -242,19 +242,18 @@ Status SendTable::Progress(TransferId transfer, std::span<const BlockId> prefix,
   return Status::Ok();
 }
 
-void SendTable::Abort(TransferId transfer, Instant now) {
+void SendTable::Abort(TransferId transfer, Instant now, TransferResult reason) {
   PruneTombstones(now);
+  KV_CHECK(reason == TransferResult::kAborted || reason == TransferResult::kReset);
   const uint32_t found = FindSend(transfer);
   if (found != kNil) {
-    if (sends_[found].state != SendState::kDone) {
-      EndSend(found, TransferResult::kAborted, now);
-    }
+    if (sends_[found].state != SendState::kDone) EndSend(found, reason, now);
     return;
   }
   if (tombstones_.count(transfer) != 0) return;
   // Aborted before P ever claimed it: remember, so D's pull fails fast.
   ++stats_.aborts_unknown;
-  AddTombstone(transfer, TransferResult::kAborted, now);
+  AddTombstone(transfer, reason, now);
 }
 
 void SendTable::ReleaseHeld(Instant now) {
@@ -500,6 +499,7 @@ void SendTable::EndSend(uint32_t s, TransferResult reason, Instant now) {
   Send& send = sends_[s];
   KV_CHECK(send.used);
   KV_CHECK(send.state != SendState::kDone);
+  if (send.state == SendState::kStreaming) ++stats_.ended_streaming;
   send.state = SendState::kDone;
   send.end_reason = reason;
   ++stats_.ends[static_cast<int>(reason)];

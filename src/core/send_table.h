@@ -195,6 +195,7 @@ struct SendTableStats {
   uint64_t progresses = 0;        // Progress calls that handed over more blocks
   uint64_t progresses_refused = 0;
   uint64_t chunk_writes = 0;      // writes of part of an item (streaming)
+  uint64_t ended_streaming = 0;   // sends ended while STREAMING
   uint64_t pull_items = 0;
   uint64_t releases = 0;
   uint64_t placeholders = 0;
@@ -273,7 +274,10 @@ class SendTable {
 
   // P aborts the request (before scheduling, while running or after ready).
   // An unknown transfer gets a tombstone so a later pull fails fast.
-  void Abort(TransferId transfer, Instant now);
+  // `reason`: kAborted, or kReset for a streamed request P preempted (it
+  // gave its blocks back; D recomputes whatever its failure policy).
+  void Abort(TransferId transfer, Instant now,
+             TransferResult reason = TransferResult::kAborted);
 
   // The engine's abort-transfers hook, for a cache reset: ends every send
   // that holds blocks (READY, STREAMING; kReset: D recomputes, whatever its

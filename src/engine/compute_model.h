@@ -121,6 +121,12 @@ class ComputeModel {
                           std::span<const BlockId> /*blocks*/, KvMemory& /*memory*/) {
     return Status::Ok();
   }
+  // True if a prompt chunk's KV is in the request's blocks, final, as soon
+  // as its batch ran (the emulated model writes blocks as it computes): P
+  // may then hand finished chunks over while the prefill goes on
+  // (EngineOptions::stream_chunks). llama.cpp keeps KV in its own cells
+  // and exports a sequence whole (ExportKv): it hands off whole.
+  virtual bool KvInBlocksAsComputed() const { return false; }
   // Folded into the prompt fingerprint P and D compare (connector), so KV
   // from another model is refused before a byte moves: the emulated model
   // 0 (its fingerprint is the weights version's), llama.cpp a hash of the

@@ -29,6 +29,7 @@ class EmulatedModel final : public ComputeModel {
   void ForgetAll() override {}
   Status Reside(const Residency&) override { return Status::Ok(); }
   bool SharesBlocks() const override { return true; }
+  bool KvInBlocksAsComputed() const override { return true; }
   uint32_t vocab() const override { return shape_.vocab; }
   std::string Describe() const override { return "emulated " + shape_.name; }
 

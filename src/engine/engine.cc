@@ -120,12 +120,14 @@ void Engine::Erase(uint64_t client) {
 void Engine::AbortOne(Request& r, FinishReason reason, const std::string& detail) {
   switch (r.phase) {
     case Phase::kWaiting:
-    case Phase::kRunning: {
-      const bool delay = connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true);
-      KV_CHECK(!delay);
-      Finish(r, reason, detail);
+    case Phase::kRunning:
+      // A streaming request's ranks may be reading its blocks: they stay.
+      if (connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true)) {
+        HoldForTransfer(r, reason, detail);
+      } else {
+        Finish(r, reason, detail);
+      }
       return;
-    }
     case Phase::kWaitingRemote:
       // The load is in flight: release it; the blocks stay until every
       // producer answered. The client learns now.
@@ -139,6 +141,16 @@ void Engine::AbortOne(Request& r, FinishReason reason, const std::string& detail
     case Phase::kReleasing:
       return;
   }
+}
+
+void Engine::HoldForTransfer(Request& r, FinishReason reason, const std::string& detail) {
+  if (r.phase == Phase::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), r.client));
+  } else if (r.phase == Phase::kWaiting) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r.client));
+  }
+  actions_.push_back(RequestDone{r.client, reason, detail});
+  r.phase = Phase::kHeld;
 }
 
 // Ends a request that is waiting or running: its blocks are freed now, or,
@@ -161,7 +173,10 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
     const Status exported = model_->ExportKv(r.id.index, r.computed, r.blocks, *memory_);
     if (!exported.ok()) {
       ++stats_.exports_failed;
-      KV_CHECK(!connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true));
+      if (connector_.RequestFinished(r.id, r.blocks, /*aborted=*/true)) {
+        r.phase = Phase::kHeld;  // chunks streamed before: ranks may read them
+        return;
+      }
     } else if (connector_.RequestFinished(r.id, r.blocks, /*aborted=*/false, Fingerprint(r),
                                           first_token)) {
       r.phase = Phase::kHeld;
@@ -177,11 +192,15 @@ void Engine::Finish(Request& r, FinishReason reason, const std::string& error) {
 
 void Engine::FreeBlocks(Request& r) {
   model_->Forget(r.id.index);
-  for (const BlockId& b : r.blocks) {
+  Unref(r.blocks);
+  r.blocks.clear();
+}
+
+void Engine::Unref(std::span<const BlockId> blocks) {
+  for (const BlockId& b : blocks) {
     pool_.Unref(b);
     if (!pool_.IsLive(b)) memory_->OnFree(b);
   }
-  r.blocks.clear();
 }
 
 // Preemption (recompute): the request gives its KV back and waits again in
@@ -193,6 +212,13 @@ void Engine::DropKv(Request& r) {
   // Planned this step already (preempted by an older request that ran
   // out of blocks after it): it computes nothing now.
   std::erase_if(plan_, [&](const Planned& p) { return p.client == r.client; });
+  if (connector_.StreamPreempted(r.id)) {
+    // Ranks may be writing from the chunks it handed over: those blocks
+    // stay referenced until every rank's send has ended.
+    ++stats_.streams_parked;
+    parked_.emplace(r.id, std::move(r.blocks));
+    r.blocks.clear();
+  }
   FreeBlocks(r);
   r.computed = 0;
   r.remote_prefill = false;  // what it had loaded is gone: compute locally
@@ -215,6 +241,13 @@ void Engine::ApplyFinished(const EngineFinished& f) {
     KV_CHECK(r != nullptr && r->phase == Phase::kHeld);
     FreeBlocks(*r);
     Erase(r->client);
+    dirty_ = true;
+  }
+  for (const RequestId& id : f.unparked) {
+    auto it = parked_.find(id);
+    KV_CHECK(it != parked_.end());
+    Unref(it->second);
+    parked_.erase(it);
     dirty_ = true;
   }
   for (const RequestId& id : f.released) {

@@ -92,6 +92,12 @@ struct EngineOptions {
   // come — ends with a clean error (FinishReason::kError). Zero: no bound
   // (requests wait for resume / wake_up however long that takes).
   Duration max_queue_wait = Duration::Zero();
+  // P, push mode: hand each finished prompt chunk's blocks to the connector
+  // while the prefill goes on (ConnectorScheduler::PrefillProgress), so a
+  // D pull waiting at P is written chunk by chunk; the last chunk completes
+  // the hand-off as without it. Only with a model whose KV is in the blocks
+  // as computed (ComputeModel::KvInBlocksAsComputed); others hand off whole.
+  bool stream_chunks = false;
 };
 
 struct RequestSpec {
@@ -185,7 +191,7 @@ class Engine {
   // in progress).
   bool HasWork() const { return dirty_; }
   // No requests and no operations: everything drained.
-  bool Idle() const { return requests_.empty() && ops_.empty(); }
+  bool Idle() const { return requests_.empty() && ops_.empty() && parked_.empty(); }
 
   std::optional<EngineAction> PollAction();
   const BlockPool& pool() const { return pool_; }
@@ -262,7 +268,12 @@ class Engine {
   void AbortOne(Request& r, FinishReason reason = FinishReason::kAborted,
                 const std::string& detail = "");
   void FreeBlocks(Request& r);
+  void Unref(std::span<const BlockId> blocks);
   void DropKv(Request& r);   // preempt: free KV, 0 computed, back to waiting
+  // A request leaves the queues and its client learns now; its blocks stay
+  // (kHeld) until the connector reports every rank done with them.
+  void HoldForTransfer(Request& r, FinishReason reason, const std::string& detail);
+  void StreamChunk(Request& r);  // P: hand the finished chunks' blocks over
   void Requeue(uint64_t client);
   void Erase(uint64_t client);   // forgets a request (and its slot)
   Request* Find(RequestId id);   // O(1): by slot, then generation
@@ -304,6 +315,9 @@ class Engine {
   // blocks: with nothing running, only transfers can give blocks back.
   bool admission_blocked_ = false;
   std::map<uint64_t, Request> requests_;
+  // P: blocks of streaming requests preempted while ranks may read them
+  // (ConnectorScheduler::StreamPreempted), until EngineFinished::unparked.
+  std::unordered_map<RequestId, std::vector<BlockId>> parked_;
   std::unordered_map<uint32_t, uint64_t> client_of_slot_;  // RequestId.index → client
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> running_;
@@ -329,6 +343,8 @@ class Engine {
     uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
     uint64_t exports_failed = 0;   // P: ComputeModel::ExportKv refused (hand-off aborted)
     uint64_t imports_failed = 0;   // D: ComputeModel::ImportKv refused (a failed load)
+    uint64_t chunks_streamed = 0;  // P: PrefillProgress calls (stream_chunks)
+    uint64_t streams_parked = 0;   // P: streaming requests preempted, blocks parked
   } stats_;
 
  public:

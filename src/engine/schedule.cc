@@ -171,7 +171,10 @@ void Engine::RunPlanned() {
     Request& r = requests_.at(p.client);
     CacheBlocks(r, p.from, p.to);
     r.computed = p.to;
-    if (!p.emits) continue;
+    if (!p.emits) {
+      StreamChunk(r);
+      continue;
+    }
     Token t = kNoFirstToken;
     if (p.wants_token) {
       t = batch_out_[next++];
@@ -191,6 +194,19 @@ void Engine::RunPlanned() {
     }
   }
   plan_.clear();
+}
+
+// P, chunk-wise hand-off: the prompt's blocks whose tokens are all
+// computed hold final KV; the connector may hand them over now (the last
+// chunk goes with the first token, through RequestFinished).
+void Engine::StreamChunk(Request& r) {
+  if (!options_.stream_chunks || !r.remote_decode || !model_->KvInBlocksAsComputed()) return;
+  const uint32_t bs = options_.shape.block_tokens;
+  const uint32_t full = std::min(r.computed, r.prompt_len) / bs;
+  if (full == 0) return;
+  ++stats_.chunks_streamed;
+  connector_.PrefillProgress(r.id, std::span<const BlockId>(r.blocks.data(), full),
+                             BlocksFor(r.prompt_len, bs), Fingerprint(r));
 }
 
 bool Engine::EnsureBlocks(Request& r, uint32_t tokens) {

@@ -59,6 +59,11 @@ std::string_view MarkName(Mark m) {
     case Mark::kCrashStayedDown: return "crash_stayed_down";
     case Mark::kPullMisaddressed: return "pull_misaddressed";
     case Mark::kFreedUnderRevokedWrite: return "freed_under_revoked_write";
+    case Mark::kStreamed: return "streamed";
+    case Mark::kChunkWrite: return "chunk_write";
+    case Mark::kStreamEnded: return "stream_ended";
+    case Mark::kProgressRefused: return "progress_refused";
+    case Mark::kStreamParked: return "stream_parked";
     case Mark::kCount: break;
   }
   return "?";

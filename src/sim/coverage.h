@@ -69,6 +69,12 @@ enum class Mark : uint8_t {
   kCrashStayedDown,          // a crashed engine stayed away before restarting
   kPullMisaddressed,         // a restarted P dropped a pull meant for its previous life
   kFreedUnderRevokedWrite,   // D freed blocks a write was still headed for, its grant revoked
+  // chunk-wise hand-off (stream_chunks)
+  kStreamed,                 // P handed a prompt chunk over while its prefill ran
+  kChunkWrite,               // a pull was written in more than one chunk
+  kStreamEnded,              // a send ended while its request still streamed
+  kProgressRefused,          // a chunk came after its send had ended
+  kStreamParked,             // a streaming request was preempted, its blocks parked
   kCount
 };
 

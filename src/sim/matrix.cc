@@ -120,6 +120,10 @@ SimParams ScenarioParams(const ScenarioPlan& plan, const MatrixConfig& config) {
   p.recompute_on_failure = config.recompute_on_failure;
   p.fault_phase = Duration::Zero();
   p.kv_mode = mode;   // the lease's defaults are vLLM's (sim_params.h)
+  p.stream_chunks = config.stream_chunks;
+  // Streamed: a budget of three blocks a step, so most prompts take
+  // several chunks and calls land between them.
+  if (p.stream_chunks) p.max_batch_tokens = 12;
   p.timings.read_margin = Duration::Seconds(1);
   return p;
 }

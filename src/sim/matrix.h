@@ -27,6 +27,7 @@ struct MatrixConfig {
   ScenarioPlan::Order order = ScenarioPlan::Order::kDFirst;  // on "both"
   Duration gap = Duration::Milliseconds(20);                 // between the two calls
   bool recompute_on_failure = true;                           // kv_load_failure_policy
+  bool stream_chunks = false;                                 // push mode: P streams chunks
 };
 const char* OrderName(ScenarioPlan::Order order);  // "d-first", "p-first", "together"
 bool ParseOrder(const std::string& name, ScenarioPlan::Order* order);

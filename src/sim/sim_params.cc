@@ -108,6 +108,10 @@ SimParams DrawParams(uint64_t seed) {
   if (!prng.OneIn(3)) p.crash_downtime_max = p.timings.peer_dead_after * 2;
   p.auth = prng.OneIn(4);
   p.grants_checked = !prng.OneIn(2);
+  // Streaming in half the push-mode runs (always drawn: later draws keep
+  // their values whatever the mode).
+  const bool stream = !prng.OneIn(2);
+  p.stream_chunks = stream && p.kv_mode == KvMode::kPush;
   return p;
 }
 
@@ -124,7 +128,7 @@ std::string SimParams::ToString() const {
       "requests %u blocks<=%u faults: abort %u drop %u wfail %u crash %u "
       "partition %u policy %s mode %s lease %.3fs/%.3fs hb %.3fs fast_abort %u early %u "
       "queue_wait %.3fs resume %s hb %.3fs down %.3fs dead %.3fs same_host %u "
-      "downtime %.3fs auth %d grants %s",
+      "downtime %.3fs auth %d grants %s stream %d",
       tps(p_tp).c_str(), tps(d_tp).c_str(), p_pool_blocks, d_pool_blocks,
       num_workers, timings.abort_timeout.seconds(), timings.giveup_grace.seconds(), num_requests,
       max_prompt_blocks, client_abort_pm, conn_drop_pm, write_fail_pm, crash_pm,
@@ -134,7 +138,8 @@ std::string SimParams::ToString() const {
       fast_abort_pm, early_abort_pm, max_queue_wait.seconds(),
       resume_waits_for_call ? "after the call" : "any time", timings.heartbeat.seconds(),
       timings.peer_down_after.seconds(), timings.peer_dead_after.seconds(), same_host_pm,
-      crash_downtime_max.seconds(), auth ? 1 : 0, grants_checked ? "checked" : "unchecked");
+      crash_downtime_max.seconds(), auth ? 1 : 0, grants_checked ? "checked" : "unchecked",
+      stream_chunks ? 1 : 0);
   return buf;
 }
 

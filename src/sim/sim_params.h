@@ -120,6 +120,9 @@ struct SimParams {
   // fails no load in flight (RankSessionOptions::silence_fails_loads), and D
   // must never free a block a write is still headed for.
   bool grants_checked = true;
+  // P hands finished prompt chunks over while its prefill goes on
+  // (engine::EngineOptions::stream_chunks; push mode only).
+  bool stream_chunks = false;
 
   std::string ToString() const;
 };

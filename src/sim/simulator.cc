@@ -80,6 +80,7 @@ void Simulator::BuildNode(uint32_t e) {
                                                         : engine::LoadFailurePolicy::kFail;
   eo.step_base = params_.step_time;
   eo.max_queue_wait = params_.max_queue_wait;
+  eo.stream_chunks = params_.stream_chunks;
   node.engine = std::make_unique<engine::Engine>(eo, node.memory.get());
   const ConnectorRole role = params_.both_roles ? ConnectorRole::kBoth
                             : node.producer      ? ConnectorRole::kProducer
@@ -265,6 +266,7 @@ SimResult Simulator::Run() {
     Hit(Mark::kPrefixHit, node.engine->stats().prefix_hits);
     Hit(Mark::kProducerToken, node.engine->stats().producer_tokens);
     Hit(Mark::kQueueWaitExpired, node.engine->stats().queue_wait_expired);
+    Hit(Mark::kStreamParked, node.engine->stats().streams_parked);
     for (const auto& session : node.ranks) {
       const RankConnector* rank = &session->connector();
       const RankSessionStats& ss = session->stats();
@@ -284,6 +286,9 @@ SimResult Simulator::Run() {
         Hit(Mark::kDeadlineTimer, st.deadline_timer);
         Hit(Mark::kWriteFailed, st.writes_failed);
         Hit(Mark::kReanswered, st.reanswered);
+        Hit(Mark::kStreamed, st.streams);
+        Hit(Mark::kChunkWrite, st.chunk_writes);
+        Hit(Mark::kStreamEnded, st.ended_streaming);
       }
       if (const LeaseTable* l = rank->lease_table()) {
         const LeaseTableStats& st = l->stats();
@@ -311,6 +316,7 @@ SimResult Simulator::Run() {
         Hit(Mark::kPullResent, l->stats().resent);
       }
       Hit(Mark::kReadyRefused, rank->stats().ready_refused);
+      Hit(Mark::kProgressRefused, rank->stats().progress_refused);
       Hit(Mark::kStaleIncarnation, rank->stats().stale_incarnation);
     }
   }
