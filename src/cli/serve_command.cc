@@ -69,6 +69,7 @@ struct ServeCliOptions {
   uint32_t max_requests_per_client = 8192;
   bool no_prefix_caching = false;
   bool compute_first_token = false;
+  bool stream_chunks = false;
   net::WriteFaultOptions write_faults;  // fault drills (`kvrelay chaos`)
   std::string auth_token_file;
   LlamaServeFlags llama;
@@ -141,6 +142,7 @@ int RunServe(const ServeCliOptions& o) {
   eo.max_waiting = o.max_waiting;
   eo.prefix_caching = !o.no_prefix_caching;
   eo.producer_first_token = !o.compute_first_token;
+  eo.stream_chunks = o.stream_chunks;
   eo.step_base = Duration::Nanoseconds(static_cast<int64_t>(o.step_base_us * 1e3));
   eo.step_per_token = Duration::Nanoseconds(static_cast<int64_t>(o.step_per_token_us * 1e3));
   if (!o.auth_token_file.empty()) {
@@ -183,6 +185,17 @@ int RunServe(const ServeCliOptions& o) {
   if (!ParseKvMode(o.kv_mode, &no.kv_mode)) {
     std::fprintf(stderr, "kvrelay serve: --kv-mode must be push or read, not '%s'\n",
                  o.kv_mode.c_str());
+    return 2;
+  }
+  if (o.stream_chunks && no.kv_mode != KvMode::kPush) {
+    std::fprintf(stderr, "kvrelay serve: --stream-chunks is a push-mode hand-off (P writes "
+                         "each finished chunk into D's blocks); read mode hands off whole\n");
+    return 2;
+  }
+  if (o.stream_chunks && llama) {
+    std::fprintf(stderr, "kvrelay serve: --stream-chunks needs a model whose KV is in the "
+                         "blocks as it computes; a llama engine copies a sequence's KV out "
+                         "when its prefill ends, so it hands off whole\n");
     return 2;
   }
   // Read mode's one timing rule: D reads only with more than read_margin
@@ -332,6 +345,10 @@ void RegisterServe(CLI::App& app) {
                   "blocks one-sided under a lease D renews by heartbeat (NIXL-like); every "
                   "engine of a cluster and its router must agree")
       ->capture_default_str();
+  cmd->add_flag("--stream-chunks", o->stream_chunks,
+               "prefill, push mode: hand each finished prompt chunk to D while the prefill "
+               "goes on (a pull already waiting is written chunk by chunk; D still decodes "
+               "only on the whole prompt). Chunks are --max-batch-tokens long");
   cmd->add_option("--lease-s", o->lease_s,
                   "read mode, P: how long a finished prefill's KV is held for D's reads "
                   "before any heartbeat")

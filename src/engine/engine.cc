@@ -310,6 +310,8 @@ EngineSnapshot Engine::Snapshot() const {
   s.queue_wait_expired = stats_.queue_wait_expired;
   s.exports_failed = stats_.exports_failed;
   s.imports_failed = stats_.imports_failed;
+  s.chunks_streamed = stats_.chunks_streamed;
+  s.streams_parked = stats_.streams_parked;
   s.kv_copy = model_->CopyCosts();
   for (const auto& [c, r] : requests_) {
     switch (r.phase) {

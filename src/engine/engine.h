@@ -142,6 +142,8 @@ struct EngineSnapshot {
   uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
   uint64_t exports_failed = 0;   // P: hand-offs whose KV the model could not export
   uint64_t imports_failed = 0;   // D: landed KV the model refused (a failed load)
+  uint64_t chunks_streamed = 0;  // P: finished prompt chunks offered (stream_chunks)
+  uint64_t streams_parked = 0;   // P: streaming requests preempted, blocks parked
   KvCopyCosts kv_copy;           // the model's export (P) and import (D) copies
 };
 

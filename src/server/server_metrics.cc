@@ -181,6 +181,14 @@ ServerMetrics::ServerMetrics() {
           "requests ended with an error for producing no token within --max-queue-wait-s "
           "(queued behind a pause or a sleep)",
           {}, [s] { return s->engine.queue_wait_expired; });
+  counter("kvrelay_prefill_chunks_streamed_total",
+          "P (--stream-chunks): finished prompt chunks offered to the ranks while the "
+          "prefill went on",
+          {}, [s] { return s->engine.chunks_streamed; });
+  counter("kvrelay_streams_preempted_total",
+          "P (--stream-chunks): streaming requests preempted (their send ended, D "
+          "recomputes; the blocks stayed until every rank was done)",
+          {}, [s] { return s->engine.streams_parked; });
   counter("kvrelay_kv_exports_failed_total",
           "P: hand-offs ended as aborted because the model could not copy its KV into the "
           "blocks (llama.cpp engines)",
@@ -233,6 +241,14 @@ ServerMetrics::ServerMetrics() {
     for (const auto& rk : s->ranks) n += rk.send_stats.pull_items;
     return n;
   });
+  counter("kvrelay_chunk_writes_total",
+          "writes of part of a pull item (P, --stream-chunks): the item was written chunk by "
+          "chunk while the prefill went on",
+          {}, [s] {
+            uint64_t n = 0;
+            for (const auto& rk : s->ranks) n += rk.send_stats.chunk_writes;
+            return n;
+          });
   counter("kvrelay_pulls_resent_total",
           "pull items received again after a reconnect (P): still live (answered once, "
           "later) or already answered (the same answer again)",

@@ -372,6 +372,29 @@ TEST_P(PdTest, ConcurrentLegsDFirst) {
   ExpectLoadsOk(10);
 }
 
+// 2b. D's leg first with P streaming (--stream-chunks, 48-token steps):
+// D's pulls wait at P and are written chunk by chunk while the prefill goes
+// on; D's output is still the reference's, token for token.
+TEST_P(PdTest, StreamedChunksDFirst) {
+  PairConfig c;
+  c.p_extra = {"--stream-chunks", "--max-batch-tokens", "48"};
+  START_PAIR(GetParam(), c);
+  std::vector<Handoff> results = ConcurrentBatch(20, /*d_first=*/true);
+  for (size_t i = 0; i < results.size(); ++i) {
+    SCOPED_TRACE("streamed hand-off #" + std::to_string(i));
+    CheckPrefillReply(results[i]);
+    CheckDecodeReply(results[i]);
+  }
+  ExpectBothIdle();
+  ExpectLoadsOk(10);
+  const std::string m = p_->Metrics();
+  const double chunks = MetricSum(m, "kvrelay_prefill_chunks_streamed_total");
+  const double writes = MetricSum(m, "kvrelay_chunk_writes_total");
+  std::printf("[info] P offered %.0f chunks; %.0f writes of part of a pull\n", chunks, writes);
+  EXPECT_GT(chunks, 0);
+  EXPECT_GT(writes, 0) << "no pull was written chunk by chunk";
+}
+
 TEST_P(PdTest, ConcurrentLegsPFirst) {
   START_PAIR(GetParam(), PairConfig{});
   std::vector<Handoff> results = ConcurrentBatch(20, /*d_first=*/false);
