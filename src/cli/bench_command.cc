@@ -256,6 +256,10 @@ void RegisterTtftBench(CLI::App* bench) {
   cmd->add_flag("--compute-first-token", o->compute_first_token,
                 "the engines' --compute-first-token: D computes the first token from the "
                 "loaded KV instead of emitting P's (the A/B of that hand-off)");
+  cmd->add_flag("--stream-chunks", o->stream_chunks,
+                "P's --stream-chunks: each finished prefill chunk (--max-batch-tokens long) "
+                "goes to D while the prefill goes on; the transfer samples stay whole, so "
+                "the ratio is the share of a whole transfer streaming still adds");
   cmd->add_option("--request-timeout-s", o->request_timeout_s, "a request hung longer fails")
       ->capture_default_str();
   cmd->add_option("--logs", o->logs, "folder for the engines' and router's logs")

@@ -367,6 +367,9 @@ Status RunTtftBench(const TtftBenchOptions& o) {
     return InvalidArgumentError("--engine must be emulated or llama, not '" + o.engine + "'");
   }
   if (!llama && !o.model.empty()) return InvalidArgumentError("--model needs --engine llama");
+  if (llama && o.stream_chunks) {
+    return InvalidArgumentError("--stream-chunks: llama.cpp engines hand their KV off whole");
+  }
   if (o.prompt_tokens.empty()) return InvalidArgumentError("--prompt-tokens is empty");
   engine::ModelShape shape;
   if (!llama && !engine::ModelShapeByName(o.shape, &shape)) {
@@ -403,6 +406,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   co.tcp_streams = o.tcp_streams;
   co.kv_read_threads = o.kv_read_threads;
   co.compute_first_token = o.compute_first_token;
+  if (o.stream_chunks) co.engine_args.push_back("--stream-chunks");  // D and plain: no effect
   co.ucx_tls = o.ucx_tls;
   co.plain = true;
 
@@ -414,8 +418,9 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                 "\n", o.samples, o.threads, o.seed);
   } else {
     std::printf(" tokens, %u samples each, steps %.0f µs + %.1f µs/token, token budget %u, "
-                "seed %" PRIu64 "\n",
-                o.samples, o.step_base_us, o.step_per_token_us, o.max_batch_tokens, o.seed);
+                "%s, seed %" PRIu64 "\n",
+                o.samples, o.step_base_us, o.step_per_token_us, o.max_batch_tokens,
+                o.stream_chunks ? "P streams finished chunks" : "P hands off whole", o.seed);
   }
   std::printf("starting a plain engine, P, D and the router (pools of %u blocks, %s each; logs "
               "in %s) ...\n",
@@ -588,6 +593,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
              {"samples", o.samples}, {"step_base_us", o.step_base_us},
              {"step_per_token_us", o.step_per_token_us},
              {"max_batch_tokens", o.max_batch_tokens}, {"pool_blocks", co.pool_blocks},
+             {"stream_chunks", o.stream_chunks},
              {"target_ratio", o.target_ratio}, {"targets_met", all_met},
              {"definition",
               "difference = P/D TTFT p50 - plain TTFT p50; predicted = kv_bytes / bandwidth, "

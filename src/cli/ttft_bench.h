@@ -53,6 +53,11 @@ struct TtftBenchOptions {
   uint32_t tcp_streams = 4;
   uint32_t kv_read_threads = 2;          // every engine's --kv-read-threads (plain too)
   bool compute_first_token = false;      // the engines' --compute-first-token
+  // P's --stream-chunks: its prefill hands each finished chunk to D while
+  // it goes on (chunks are max_batch_tokens long). The transfer samples
+  // stay whole (P done before D pulls), so `ratio` reads as the share of a
+  // whole transfer the streamed hand-off still adds to TTFT.
+  bool stream_chunks = false;
   std::string ucx_tls;
   double request_timeout_s = 120;
   std::string logs = "/tmp/kvrelay-bench-ttft";
