@@ -51,7 +51,11 @@ struct MatrixOptions {
   std::string policy = "recompute";   // the engines' --load-failure-policy
   double lease_s = 30;   // read mode: serve's default; P's holds must stay within it
   std::string sweep;     // "" | all | day | N | A..B (see --sweep)
+  // P's --stream-chunks, at a token budget of kStreamBatchTokens so the
+  // load's prompts span several chunks and calls land between them.
+  bool stream_chunks = false;
 };
+constexpr int kStreamBatchTokens = 32;
 
 // Read mode: the longest any P rank held a lease's blocks (-1: unknown).
 double MaxLeaseHoldS(const LocalCluster& cluster) {
@@ -192,6 +196,11 @@ int RunMatrix(const MatrixOptions& m, int* passed_out = nullptr, int* failed_out
                  m.kv_mode.c_str());
     return 2;
   }
+  if (m.stream_chunks && (m.kv_mode != "push" || m.llama.engine == "llama")) {
+    std::fprintf(stderr, "kvrelay matrix: --stream-chunks is a push-mode hand-off of the "
+                         "emulated engine (read mode and llama.cpp engines hand off whole)\n");
+    return 2;
+  }
   std::printf("call order %s (gap %d ms, seed %llu), kv_load_failure_policy %s\n",
               m.call_order.c_str(), m.call_gap_ms, static_cast<unsigned long long>(m.seed),
               m.policy.c_str());
@@ -218,6 +227,10 @@ int RunMatrix(const MatrixOptions& m, int* passed_out = nullptr, int* failed_out
     co.step_per_token_us = m.step_per_token_us;
     co.auth_token_file = m.auth_token_file;
     co.engine_args = {"--kv-mode", m.kv_mode, "--load-failure-policy", m.policy};
+    if (m.stream_chunks) {
+      for (const char* a : {"--stream-chunks", "--max-batch-tokens"}) co.engine_args.push_back(a);
+      co.engine_args.push_back(std::to_string(kStreamBatchTokens));
+    }
     co.router_args = {"--kv-mode", m.kv_mode};
     LoadOptions llama_load;   // --engine llama: its checker
     LocalCluster cluster;
@@ -487,6 +500,10 @@ void RegisterMatrix(CLI::App& app) {
                   "recompute | fail: the engines' --load-failure-policy; under either, a case "
                   "whose call aborts nothing must end with 0 errors")
       ->capture_default_str();
+  cmd->add_flag("--stream-chunks", m->stream_chunks,
+                "P streams each finished prefill chunk to D (serve --stream-chunks; push "
+                "mode), every engine at a budget of " + std::to_string(kStreamBatchTokens) +
+                    " tokens a step so prompts span several chunks");
   cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
   AddLlamaClusterFlags(cmd, &m->llama);
   cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();

@@ -124,13 +124,13 @@ bool ConnectorScheduler::RequestFinished(RequestId request,
   return false;
 }
 
-void ConnectorScheduler::PrefillProgress(RequestId request, std::span<const BlockId> prefix,
+bool ConnectorScheduler::PrefillProgress(RequestId request, std::span<const BlockId> prefix,
                                          uint32_t total_blocks, uint64_t prompt_hash) {
   auto it = requests_.find(request);
-  if (it == requests_.end()) return;
+  if (it == requests_.end()) return false;
   Entry& e = it->second;
-  if (e.phase != Phase::kClaimed && e.phase != Phase::kStreaming) return;
-  if (prefix.size() <= e.streamed || e.reports == options_.tp) return;
+  if (e.phase != Phase::kClaimed && e.phase != Phase::kStreaming) return false;
+  if (prefix.size() <= e.streamed || e.reports == options_.tp) return false;
   KV_CHECK_LE(prefix.size(), total_blocks);
   const bool first = e.phase == Phase::kClaimed;
   if (first) e.reports = 0;
@@ -139,6 +139,7 @@ void ConnectorScheduler::PrefillProgress(RequestId request, std::span<const Bloc
   pending_.progress.push_back(
       ProgressOp{e.params.transfer, std::vector<BlockId>(prefix.begin(), prefix.end()),
                  total_blocks, prompt_hash != 0 ? prompt_hash : e.params.prompt_hash, first});
+  return true;
 }
 
 bool ConnectorScheduler::Streaming(RequestId request) const {

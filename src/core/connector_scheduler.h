@@ -129,8 +129,9 @@ class ConnectorScheduler {
   // weights `prompt_hash` fingerprints, 0: the admission's). The ranks may
   // read them from now on, so from the first call RequestFinished keeps
   // the blocks (returns true) until every rank is done with them. A prefix
-  // no longer than the last one's, or a request not streaming, is ignored.
-  void PrefillProgress(RequestId request, std::span<const BlockId> prefix,
+  // no longer than the last one's, a request whose send every rank ended,
+  // or one not claimed or streaming is ignored. True if a chunk went out.
+  bool PrefillProgress(RequestId request, std::span<const BlockId> prefix,
                        uint32_t total_blocks, uint64_t prompt_hash = 0);
 
   // P: is the request streaming (some blocks handed over, a rank may read)?

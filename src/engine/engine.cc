@@ -216,7 +216,7 @@ void Engine::DropKv(Request& r) {
     // Ranks may be writing from the chunks it handed over: those blocks
     // stay referenced until every rank's send has ended.
     ++stats_.streams_parked;
-    parked_.emplace(r.id, std::move(r.blocks));
+    KV_CHECK(parked_.emplace(r.id, std::move(r.blocks)).second);  // once: then ABANDONED
     r.blocks.clear();
   }
   FreeBlocks(r);

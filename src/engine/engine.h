@@ -345,7 +345,7 @@ class Engine {
     uint64_t queue_wait_expired = 0;  // requests ended by max_queue_wait
     uint64_t exports_failed = 0;   // P: ComputeModel::ExportKv refused (hand-off aborted)
     uint64_t imports_failed = 0;   // D: ComputeModel::ImportKv refused (a failed load)
-    uint64_t chunks_streamed = 0;  // P: PrefillProgress calls (stream_chunks)
+    uint64_t chunks_streamed = 0;  // P: chunks handed over (PrefillProgress)
     uint64_t streams_parked = 0;   // P: streaming requests preempted, blocks parked
   } stats_;
 

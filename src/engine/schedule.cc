@@ -204,9 +204,10 @@ void Engine::StreamChunk(Request& r) {
   const uint32_t bs = options_.shape.block_tokens;
   const uint32_t full = std::min(r.computed, r.prompt_len) / bs;
   if (full == 0) return;
-  ++stats_.chunks_streamed;
-  connector_.PrefillProgress(r.id, std::span<const BlockId>(r.blocks.data(), full),
-                             BlocksFor(r.prompt_len, bs), Fingerprint(r));
+  if (connector_.PrefillProgress(r.id, std::span<const BlockId>(r.blocks.data(), full),
+                                 BlocksFor(r.prompt_len, bs), Fingerprint(r))) {
+    ++stats_.chunks_streamed;
+  }
 }
 
 bool Engine::EnsureBlocks(Request& r, uint32_t tokens) {
