@@ -142,11 +142,6 @@ bool ConnectorScheduler::PrefillProgress(RequestId request, std::span<const Bloc
   return true;
 }
 
-bool ConnectorScheduler::Streaming(RequestId request) const {
-  auto it = requests_.find(request);
-  return it != requests_.end() && it->second.phase == Phase::kStreaming;
-}
-
 bool ConnectorScheduler::StreamPreempted(RequestId request) {
   auto it = requests_.find(request);
   if (it == requests_.end() || it->second.phase != Phase::kStreaming) return false;

@@ -134,9 +134,6 @@ class ConnectorScheduler {
   bool PrefillProgress(RequestId request, std::span<const BlockId> prefix,
                        uint32_t total_blocks, uint64_t prompt_hash = 0);
 
-  // P: is the request streaming (some blocks handed over, a rank may read)?
-  bool Streaming(RequestId request) const;
-
   // P: a streaming request is preempted (it gives its blocks back and
   // recomputes). Its send ends on every rank; the engine parks the blocks
   // handed over until EngineFinished::unparked names the request. True if
