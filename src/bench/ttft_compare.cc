@@ -21,7 +21,8 @@ Status CheckTimes(const std::vector<double>& v, const char* name, bool may_be_em
 }
 }  // namespace
 
-Result<TtftComparison> CompareTtft(const TtftSamples& s, double target_ratio) {
+Result<TtftComparison> CompareTtft(const TtftSamples& s, double target_ratio,
+                                   double stream_goal) {
   if (!(target_ratio > 0)) return InvalidArgumentError("the target ratio must be > 0");
   if (s.kv_bytes == 0) return InvalidArgumentError("the prompt's KV is 0 bytes");
   if (Status st = CheckTimes(s.plain_s, "plain TTFT", false); !st.ok()) return st;
@@ -29,6 +30,10 @@ Result<TtftComparison> CompareTtft(const TtftSamples& s, double target_ratio) {
   if (Status st = CheckTimes(s.transfer_s, "transfer", false); !st.ok()) return st;
   if (Status st = CheckTimes(s.pd_pull_s, "P/D pull", true); !st.ok()) return st;
   if (Status st = CheckTimes(s.answer_to_token_s, "answer→token", true); !st.ok()) return st;
+  if (Status st = CheckTimes(s.streamed_s, "streamed P/D TTFT", true); !st.ok()) return st;
+  if (!s.streamed_s.empty() && (s.chunk_tokens == 0 || !(stream_goal > 0))) {
+    return InvalidArgumentError("streamed samples need the chunk's tokens and a goal > 0");
+  }
   TtftComparison c;
   c.prompt_tokens = s.prompt_tokens;
   c.kv_bytes = s.kv_bytes;
@@ -57,6 +62,20 @@ Result<TtftComparison> CompareTtft(const TtftSamples& s, double target_ratio) {
       until_answer.push_back(s.pd_s[i] - s.answer_to_token_s[i]);
     }
     c.until_answer_difference_s = Percentile(until_answer, 0.5) - c.plain_p50_s;
+  }
+  if (!s.streamed_s.empty()) {
+    c.streamed_n = s.streamed_s.size();
+    c.chunks = (s.prompt_tokens + s.chunk_tokens - 1) / s.chunk_tokens;
+    c.streamed_p50_s = Percentile(s.streamed_s, 0.5);
+    c.streamed_p90_s = Percentile(s.streamed_s, 0.9);
+    c.streamed_difference_s = c.streamed_p50_s - c.plain_p50_s;
+    c.streamed_ratio = c.streamed_difference_s / c.predicted_s;
+    c.over_whole = c.difference_s > 0 ? c.streamed_difference_s / c.difference_s : -1;
+    const uint32_t last = s.prompt_tokens - (c.chunks - 1) * s.chunk_tokens;
+    c.last_chunk_predicted_s = c.predicted_s * last / s.prompt_tokens;
+    c.stream_goal = stream_goal;
+    c.stream_goal_met = c.chunks > 1 && (c.streamed_difference_s <= 0 ||
+                                         (c.over_whole >= 0 && c.over_whole <= stream_goal));
   }
   return c;
 }

@@ -20,6 +20,15 @@
 //     p50 pull→answer time);
 //   - ratio = difference / predicted; met when ratio ≤ target.
 //
+// With a streaming P beside the whole one (`bench ttft --stream-chunks`,
+// issue 32), the same prompts also go through its router:
+//   - streamed difference = streamed P/D p50 − plain p50;
+//   - over whole = streamed difference / difference: the share of the
+//     whole hand-off's overhead that streaming leaves (the goal: ≤ 0.25 at
+//     8K tokens); −1 when the difference is ≤ 0 (nothing to share);
+//   - last chunk predicted = predicted × the last chunk's tokens / the
+//     prompt's: the part of the transfer no overlap can hide.
+//
 // Thread safety: pure functions and value types; any thread.
 #pragma once
 
@@ -39,6 +48,9 @@ struct TtftSamples {
   // Breakdown of the P/D requests themselves (optional; 0 if empty):
   std::vector<double> pd_pull_s;           // D's pull→answer (includes the wait for P)
   std::vector<double> answer_to_token_s;   // D's answer → the client's first token
+  // The streaming P's path (optional; the fields below stay 0 if empty):
+  uint32_t chunk_tokens = 0;               // its prefill chunk (the token budget)
+  std::vector<double> streamed_s;          // TTFT through the streaming P's router
 };
 
 struct TtftComparison {
@@ -59,10 +71,24 @@ struct TtftComparison {
   // i.e. request sent → D has the KV, less plain_p50_s. 0 unless
   // answer_to_token_s pairs with pd_s.
   double until_answer_difference_s = 0;
+  // The streaming P's path (see the top); 0 without streamed samples.
+  size_t streamed_n = 0;
+  uint32_t chunks = 0;                     // the prompt's prefill chunks
+  double streamed_p50_s = 0, streamed_p90_s = 0;
+  double streamed_difference_s = 0;        // streamed_p50_s − plain_p50_s
+  double streamed_ratio = 0;               // streamed_difference_s / predicted_s
+  double over_whole = 0;                   // streamed_difference_s / difference_s, or −1
+  double last_chunk_predicted_s = 0;
+  double stream_goal = 0;
+  // over_whole in [0 or below, stream_goal] — or the streamed difference
+  // ≤ 0 (nothing left to hide); false with one chunk (nothing to stream).
+  bool stream_goal_met = false;
 };
 
 // kInvalidArgument if a sample set is empty, kv_bytes is 0, a time is
-// negative or not finite, or target_ratio ≤ 0.
-Result<TtftComparison> CompareTtft(const TtftSamples& samples, double target_ratio);
+// negative or not finite, target_ratio ≤ 0, or streamed samples come
+// without chunk_tokens or stream_goal ≤ 0.
+Result<TtftComparison> CompareTtft(const TtftSamples& samples, double target_ratio,
+                                   double stream_goal = 0.25);
 
 }  // namespace kvrelay

@@ -107,6 +107,54 @@ TEST(CompareTtft, RefusesWhatCannotBeCompared) {
   EXPECT_TRUE(refused(Samples(), std::nan("")));
 }
 
+TEST(CompareTtft, StreamedAgainstWhole) {
+  TtftSamples s = Samples();          // plain p50 0.2, difference 0.225, predicted 0.2
+  s.chunk_tokens = 400;               // 1024 tokens: chunks of 400, 400, 224
+  s.streamed_s = {0.25, 0.26, 0.24};  // p50 0.25: difference 0.05
+  Result<TtftComparison> c = CompareTtft(s, 1.25);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->streamed_n, 3u);
+  EXPECT_EQ(c->chunks, 3u);
+  EXPECT_DOUBLE_EQ(c->streamed_p50_s, 0.25);
+  EXPECT_NEAR(c->streamed_difference_s, 0.05, 1e-12);
+  EXPECT_NEAR(c->streamed_ratio, 0.25, 1e-9);
+  EXPECT_NEAR(c->over_whole, 0.05 / 0.225, 1e-9);
+  EXPECT_NEAR(c->last_chunk_predicted_s, 0.2 * 224 / 1024, 1e-12);
+  EXPECT_TRUE(c->stream_goal_met);    // 0.22 ≤ 0.25
+  EXPECT_FALSE(CompareTtft(s, 1.25, 0.2)->stream_goal_met);
+
+  s.streamed_s = {0.1};               // faster than plain: nothing left to hide
+  EXPECT_TRUE(CompareTtft(s, 1.25)->stream_goal_met);
+  s.chunk_tokens = 1024;              // one chunk: nothing was streamed
+  EXPECT_FALSE(CompareTtft(s, 1.25)->stream_goal_met);
+  EXPECT_EQ(CompareTtft(s, 1.25)->chunks, 1u);
+
+  s = Samples();
+  s.pd_s = {0.1};                     // whole difference ≤ 0: no share to take
+  s.chunk_tokens = 400;
+  s.streamed_s = {0.3};
+  EXPECT_EQ(CompareTtft(s, 1.25)->over_whole, -1);
+  EXPECT_FALSE(CompareTtft(s, 1.25)->stream_goal_met);
+}
+
+TEST(CompareTtft, WithoutStreamedSamplesTheirFiguresStayZero) {
+  Result<TtftComparison> c = CompareTtft(Samples(), 1.25);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->streamed_n, 0u);
+  EXPECT_EQ(c->over_whole, 0);
+  EXPECT_FALSE(c->stream_goal_met);
+}
+
+TEST(CompareTtft, RefusesStreamedSamplesItCannotRead) {
+  TtftSamples s = Samples();
+  s.streamed_s = {0.3};               // no chunk size
+  EXPECT_EQ(CompareTtft(s, 1.25).status().code(), StatusCode::kInvalidArgument);
+  s.chunk_tokens = 256;
+  EXPECT_EQ(CompareTtft(s, 1.25, 0).status().code(), StatusCode::kInvalidArgument);
+  s.streamed_s = {-0.1};
+  EXPECT_EQ(CompareTtft(s, 1.25).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Percentile, InterpolatesBetweenNeighbours) {
   EXPECT_EQ(Percentile({}, 0.5), 0);
   EXPECT_DOUBLE_EQ(Percentile({3, 1, 2}, 0.5), 2);

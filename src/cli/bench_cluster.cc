@@ -70,6 +70,8 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
     c.engine_args.push_back("--ucx-tls");
     c.engine_args.push_back(o.ucx_tls);
   }
+  c.twin = !o.twin_p_args.empty();
+  c.twin_p_args = o.twin_p_args;
   if (Status s = cluster_.Start(c); !s.ok()) return s;
   const http::ClientOptions timeouts =
       http::ClientOptions::Timeouts(Duration::Seconds(3), Duration::Seconds(120));
@@ -175,6 +177,7 @@ Result<BenchCluster::Pulled> BenchCluster::FindPull(const TransferId& t) {
 Status BenchCluster::WaitIdle(double timeout_s) {
   std::vector<std::string> urls = {p_url(), d_url()};
   if (!plain_url().empty()) urls.push_back(plain_url());
+  if (!twin_p_url().empty()) urls.push_back(twin_p_url());
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
   for (const std::string& url : urls) {

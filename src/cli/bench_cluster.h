@@ -62,6 +62,9 @@ struct BenchClusterOptions {
   bool fast_abort = true;             // false: serve's --no-fast-abort
   bool compute_first_token = false;   // serve's --compute-first-token
   std::string kv_mode = "push";       // engines' and router's --kv-mode
+  // A twin P with these serve flags more, behind a router of its own over
+  // the same D (ClusterOptions::twin); empty: none.
+  std::vector<std::string> twin_p_args;
 };
 
 class BenchCluster {
@@ -78,6 +81,9 @@ class BenchCluster {
   std::string plain_url() const {
     return cluster_.plain_urls().empty() ? "" : cluster_.plain_urls()[0];
   }
+  // "" without BenchClusterOptions::twin_p_args.
+  const std::string& twin_router_url() const { return cluster_.twin_router_url(); }
+  const std::string& twin_p_url() const { return cluster_.twin_p_url(); }
   const http::Client& p() const { return *p_; }
   const http::Client& d() const { return *d_; }
   const router::EngineInfo& p_info() const { return p_info_; }

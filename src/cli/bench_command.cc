@@ -257,9 +257,14 @@ void RegisterTtftBench(CLI::App* bench) {
                 "the engines' --compute-first-token: D computes the first token from the "
                 "loaded KV instead of emitting P's (the A/B of that hand-off)");
   cmd->add_flag("--stream-chunks", o->stream_chunks,
-                "P's --stream-chunks: each finished prefill chunk (--max-batch-tokens long) "
-                "goes to D while the prefill goes on; the transfer samples stay whole, so "
-                "the ratio is the share of a whole transfer streaming still adds");
+                "also a second P with serve's --stream-chunks (each finished prefill chunk, "
+                "--max-batch-tokens long, goes to D while the prefill goes on), behind a "
+                "router of its own over the same D; every prompt goes through it too, so "
+                "streamed and whole hand-offs are compared in one run");
+  cmd->add_option("--stream-goal", o->stream_goal,
+                  "with --stream-chunks: the goal, streamed P/D - plain at most this times "
+                  "P/D - plain, for prompts of 2 chunks or more")
+      ->capture_default_str();
   cmd->add_option("--request-timeout-s", o->request_timeout_s, "a request hung longer fails")
       ->capture_default_str();
   cmd->add_option("--logs", o->logs, "folder for the engines' and router's logs")

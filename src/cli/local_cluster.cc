@@ -51,7 +51,8 @@ Status LocalCluster::Start(const ClusterOptions& o) {
     procs_.push_back(std::move(p));
     return Status::Ok();
   };
-  auto engine = [&](const char* role, uint32_t index, uint32_t tp) -> Status {
+  // `twin`: the twin P (its own name, url and extra flags).
+  auto engine = [&](const char* role, uint32_t index, uint32_t tp, bool twin = false) -> Status {
     const uint16_t port = FreePort(), ctrl = FreePort(tp);
     if (port == 0 || ctrl == 0) return Status(StatusCode::kUnavailable, "no free port");
     std::vector<std::string> a = {self, ExitWithParent(), std::to_string(getpid()), "serve", "--role", role, "--port", std::to_string(port),
@@ -75,12 +76,17 @@ Status LocalCluster::Start(const ClusterOptions& o) {
       a.push_back(std::to_string(o.control_slice_us));
     }
     a.insert(a.end(), o.engine_args.begin(), o.engine_args.end());
+    if (twin) a.insert(a.end(), o.twin_p_args.begin(), o.twin_p_args.end());
     if (!o.auth_token_file.empty()) {
       a.push_back("--auth-token-file");
       a.push_back(o.auth_token_file);
     }
     const std::string url = "http://127.0.0.1:" + std::to_string(port);
     const std::string r = role;
+    if (twin) {
+      twin_p_url_ = url;
+      return start("twinprefill" + std::to_string(index), a, url);
+    }
     (r == "prefill" ? p_urls_ : r == "decode" ? d_urls_ : plain_urls_).push_back(url);
     return start(std::string(role) + std::to_string(index), a, url);
   };
@@ -93,24 +99,36 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   for (uint32_t i = 0; i < o.num_plain; ++i) {
     if (Status s = engine("plain", i, 1); !s.ok()) return s;
   }
-  const uint16_t rport = FreePort();
-  router_url_ = "http://127.0.0.1:" + std::to_string(rport);
-  std::vector<std::string> ra = {self, ExitWithParent(), std::to_string(getpid()), "router",
-                                 "--port", std::to_string(rport)};
-  if (!o.auth_token_file.empty()) {
-    ra.push_back("--auth-token-file");
-    ra.push_back(o.auth_token_file);
+  if (o.twin) {
+    if (Status s = engine("prefill", 0, o.p_tp, true); !s.ok()) return s;
   }
-  for (const auto& u : p_urls_) {
-    ra.push_back("--prefill");
-    ra.push_back(u);
+  // A router over `ps` and every D.
+  auto router = [&](const std::string& name, const std::vector<std::string>& ps,
+                    std::string* url) -> Status {
+    const uint16_t rport = FreePort();
+    if (rport == 0) return Status(StatusCode::kUnavailable, "no free port");
+    *url = "http://127.0.0.1:" + std::to_string(rport);
+    std::vector<std::string> ra = {self, ExitWithParent(), std::to_string(getpid()), "router",
+                                   "--port", std::to_string(rport)};
+    if (!o.auth_token_file.empty()) {
+      ra.push_back("--auth-token-file");
+      ra.push_back(o.auth_token_file);
+    }
+    for (const auto& u : ps) {
+      ra.push_back("--prefill");
+      ra.push_back(u);
+    }
+    for (const auto& u : d_urls_) {
+      ra.push_back("--decode");
+      ra.push_back(u);
+    }
+    ra.insert(ra.end(), o.router_args.begin(), o.router_args.end());
+    return start(name, ra, *url);
+  };
+  if (Status s = router("router", p_urls_, &router_url_); !s.ok()) return s;
+  if (o.twin) {
+    if (Status s = router("twinrouter", {twin_p_url_}, &twin_router_url_); !s.ok()) return s;
   }
-  for (const auto& u : d_urls_) {
-    ra.push_back("--decode");
-    ra.push_back(u);
-  }
-  ra.insert(ra.end(), o.router_args.begin(), o.router_args.end());
-  if (Status s = start("router", ra, router_url_); !s.ok()) return s;
   for (Proc& p : procs_) {
     if (!WaitHealthy(p.url, *p.child, 60)) {
       return Status(StatusCode::kUnavailable, "the " + p.name + " did not come up (" +

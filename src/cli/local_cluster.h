@@ -31,6 +31,12 @@ struct ClusterOptions {
   std::vector<std::string> engine_args;   // extra `serve` flags for every engine
   std::string auth_token_file;            // --auth-token-file for every engine and the router
   std::vector<std::string> router_args;   // extra `router` flags
+  // A twin: one more P ("twinprefill0"), started with `twin_p_args` after
+  // the engines' flags, behind a second router ("twinrouter") over it and
+  // the same D engines; so one run measures two kinds of P side by side
+  // (`bench ttft --stream-chunks`: P streaming against P handing off whole).
+  bool twin = false;
+  std::vector<std::string> twin_p_args;
 };
 
 class LocalCluster {
@@ -57,6 +63,9 @@ class LocalCluster {
   const std::vector<std::string>& p_urls() const { return p_urls_; }
   const std::vector<std::string>& d_urls() const { return d_urls_; }
   const std::vector<std::string>& plain_urls() const { return plain_urls_; }
+  // "" without ClusterOptions::twin.
+  const std::string& twin_router_url() const { return twin_router_url_; }
+  const std::string& twin_p_url() const { return twin_p_url_; }
 
  private:
   struct Proc {
@@ -67,7 +76,7 @@ class LocalCluster {
   };
   Proc* Find(const std::string& name);
   std::vector<Proc> procs_;
-  std::string router_url_;
+  std::string router_url_, twin_router_url_, twin_p_url_;
   std::vector<std::string> p_urls_, d_urls_, plain_urls_;
 };
 

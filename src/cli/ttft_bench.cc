@@ -75,6 +75,7 @@ struct LengthRun {
   double producer_tokens = -1;  // P/D requests whose first token D took from P
   KvCopies copies;              // during this length's samples (llama.cpp engines)
   uint32_t reference_checked = 0;  // plain outputs checked against llama.cpp alone
+  double chunks_streamed = -1;     // the streaming P's chunks handed over (--stream-chunks)
 };
 
 class TtftRun {
@@ -94,8 +95,12 @@ class TtftRun {
       json body = Stream(c_.Prompt(prng_, tokens));
       std::vector<engine::Token> plain, pd;
       if (Status s = Plain(body, nullptr, &plain); !s.ok()) return s;
-      if (Status s = ThroughRouter(body, tokens, nullptr, &pd); !s.ok()) return s;
+      if (Status s = ThroughRouter(body, tokens, nullptr, &pd, false); !s.ok()) return s;
       if (Status s = Same(body, plain, pd, nullptr); !s.ok()) return s;
+      if (twin_) {
+        std::vector<engine::Token> streamed;
+        if (Status s = ThroughRouter(body, tokens, nullptr, &streamed, true); !s.ok()) return s;
+      }
       if (Status s = Transfer(tokens, nullptr); !s.ok()) return s;
     }
     return Status::Ok();
@@ -105,28 +110,31 @@ class TtftRun {
     const Clock::time_point t0 = Clock::now();
     const double producer_tokens0 = MetricSample(c_.d_url(), kProducerTokens);
     const KvCopies copies0 = KvCopies::Read(c_);
+    const double streamed0 = StreamedChunks();
     Clock::time_point last_line = t0;
+    const uint32_t paths = twin_ ? 3 : 2;   // plain, P/D whole[, P/D streamed]
     for (uint32_t i = 0; i < o_.samples; ++i) {
       json body = Stream(c_.Prompt(prng_, run->tokens));
-      std::vector<engine::Token> plain, pd;
-      // Alternate which path goes first, so neither always follows the
-      // other's leftovers (caches, the kernel's page reclaim).
-      if (i % 2 == 0) {
-        if (Status s = Plain(body, run, &plain); !s.ok()) return s;
-        if (Status s = ThroughRouter(body, run->tokens, run, &pd); !s.ok()) return s;
-      } else {
-        if (Status s = ThroughRouter(body, run->tokens, run, &pd); !s.ok()) return s;
-        if (Status s = Plain(body, run, &plain); !s.ok()) return s;
+      std::vector<engine::Token> plain, pd, streamed;
+      // Rotate which path goes first, so none always follows another's
+      // leftovers (caches, the kernel's page reclaim).
+      for (uint32_t k = 0; k < paths; ++k) {
+        const uint32_t path = (i + k) % paths;
+        Status s = path == 0   ? Plain(body, run, &plain)
+                   : path == 1 ? ThroughRouter(body, run->tokens, run, &pd, false)
+                               : ThroughRouter(body, run->tokens, run, &streamed, true);
+        if (!s.ok()) return s;
       }
       if (Status s = Same(body, plain, pd, i == 0 ? run : nullptr); !s.ok()) return s;
       if (Status s = Transfer(run->tokens, run); !s.ok()) return s;
       if (Since(last_line) >= 10 || i + 1 == o_.samples) {
         last_line = Clock::now();
         const TtftSamples& s = run->samples;
-        std::printf("  [%u tokens] %u/%u samples, %.0f s: last plain %.1f ms, P/D %.1f ms, "
-                    "transfer %.1f ms\n",
+        std::printf("  [%u tokens] %u/%u samples, %.0f s: last plain %.1f ms, P/D %.1f ms, ",
                     run->tokens, i + 1, o_.samples, Since(t0), s.plain_s.back() * 1e3,
-                    s.pd_s.back() * 1e3, s.transfer_s.back() * 1e3);
+                    s.pd_s.back() * 1e3);
+        if (twin_) std::printf("streamed %.1f ms, ", s.streamed_s.back() * 1e3);
+        std::printf("transfer %.1f ms\n", s.transfer_s.back() * 1e3);
         std::fflush(stdout);
       }
     }
@@ -134,6 +142,15 @@ class TtftRun {
     const double producer_tokens1 = MetricSample(c_.d_url(), kProducerTokens);
     if (producer_tokens0 >= 0 && producer_tokens1 >= 0) {
       run->producer_tokens = producer_tokens1 - producer_tokens0;
+    }
+    if (twin_) {
+      // A streaming P that handed nothing over measured nothing new.
+      run->chunks_streamed = StreamedChunks() - streamed0;
+      if (run->tokens > o_.max_batch_tokens && !(run->chunks_streamed > 0)) {
+        return InternalError("the streaming P streamed no chunk of prompts of " +
+                             std::to_string(run->tokens) + " tokens (" +
+                             std::to_string(run->chunks_streamed) + "; see its log)");
+      }
     }
     return Status::Ok();
   }
@@ -185,16 +202,23 @@ class TtftRun {
     return Status::Ok();
   }
 
-  // TTFT through the router; the request's own pull from D's log.
+  // P's chunks handed over so far (the streaming P's metric); -1: not read.
+  double StreamedChunks() const {
+    return twin_ ? MetricSample(c_.twin_p_url(), "kvrelay_prefill_chunks_streamed_total") : -1;
+  }
+
+  // TTFT through the router (`streamed`: the streaming P's); the request's
+  // own pull from D's log.
   Status ThroughRouter(const json& body, uint32_t tokens, LengthRun* run,
-                       std::vector<engine::Token>* out) {
+                       std::vector<engine::Token>* out, bool streamed) {
     if (Status s = c_.WaitIdle(); !s.ok()) return s;
     if (Result<std::vector<BenchCluster::Pulled>> old = c_.NewPulls(); !old.ok()) {
       return old.status();
     }
-    Result<Streamed> r = StreamCompletion(router_, body, o_.request_timeout_s);
-    if (!r.ok()) return Status(r.status().code(), "through the router: " + r.status().message());
-    if (Status s = Checked(body, *r, "through the router"); !s.ok()) return s;
+    const std::string path = streamed ? "through the streaming P's router" : "through the router";
+    Result<Streamed> r = StreamCompletion(streamed ? *twin_ : router_, body, o_.request_timeout_s);
+    if (!r.ok()) return Status(r.status().code(), path + ": " + r.status().message());
+    if (Status s = Checked(body, *r, path); !s.ok()) return s;
     for (const engine::TokenOut& t : r->tokens) out->push_back(t.token);
     // One request at a time, so D logged exactly this request's answer
     // (tp 1: one pull) — once its rank actor got it, which may be a moment
@@ -206,8 +230,10 @@ class TtftRun {
       pulls = std::move(*got);
       if (pulls.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    if (Status s = Served(pulls, tokens, "a P/D request through the router"); !s.ok()) return s;
-    if (run != nullptr) {
+    if (Status s = Served(pulls, tokens, "a P/D request " + path); !s.ok()) return s;
+    if (run != nullptr && streamed) {
+      run->samples.streamed_s.push_back(r->ttft_s);
+    } else if (run != nullptr) {
       run->samples.pd_s.push_back(r->ttft_s);
       run->samples.pd_pull_s.push_back(pulls[0].seconds);
       run->samples.answer_to_token_s.push_back(
@@ -268,6 +294,9 @@ class TtftRun {
   std::shared_ptr<LlamaChecker> checker_;
   const http::Client plain_{c_.plain_url()};
   const http::Client router_{c_.router_url()};
+  // The streaming P's router (--stream-chunks), else null.
+  const std::unique_ptr<http::Client> twin_ =
+      c_.twin_router_url().empty() ? nullptr : std::make_unique<http::Client>(c_.twin_router_url());
 };
 
 Status Validate(const TtftBenchOptions& o, const engine::ModelShape& shape) {
@@ -294,6 +323,9 @@ Status Validate(const TtftBenchOptions& o, const engine::ModelShape& shape) {
   if (o.decode_under_prefill_s > 0 && kDecodePromptTokens + o.decode_tokens > shape.max_context) {
     return InvalidArgumentError("--decode-tokens " + std::to_string(o.decode_tokens) +
                                 " does not fit the model's context");
+  }
+  if (!(o.stream_goal > 0) || !std::isfinite(o.stream_goal)) {
+    return InvalidArgumentError("--stream-goal must be a ratio > 0");
   }
   if (!(o.target_ratio > 0) || !std::isfinite(o.target_ratio)) {
     return InvalidArgumentError("--target must be a ratio > 0");
@@ -406,7 +438,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   co.tcp_streams = o.tcp_streams;
   co.kv_read_threads = o.kv_read_threads;
   co.compute_first_token = o.compute_first_token;
-  if (o.stream_chunks) co.engine_args.push_back("--stream-chunks");  // D and plain: no effect
+  if (o.stream_chunks) co.twin_p_args = {"--stream-chunks"};   // a second P, its own router
   co.ucx_tls = o.ucx_tls;
   co.plain = true;
 
@@ -420,10 +452,13 @@ Status RunTtftBench(const TtftBenchOptions& o) {
     std::printf(" tokens, %u samples each, steps %.0f µs + %.1f µs/token, token budget %u, "
                 "%s, seed %" PRIu64 "\n",
                 o.samples, o.step_base_us, o.step_per_token_us, o.max_batch_tokens,
-                o.stream_chunks ? "P streams finished chunks" : "P hands off whole", o.seed);
+                o.stream_chunks ? "P hands off whole, a second P streams finished chunks"
+                                : "P hands off whole",
+                o.seed);
   }
-  std::printf("starting a plain engine, P, D and the router (pools of %u blocks, %s each; logs "
-              "in %s) ...\n",
+  std::printf("starting a plain engine, P, D and the router%s (pools of %u blocks, %s each; "
+              "logs in %s) ...\n",
+              o.stream_chunks ? ", and a streaming P behind a router of its own over that D" : "",
               co.pool_blocks, HumanBytes(co.pool_blocks * block_bytes).c_str(), co.logs.c_str());
   std::fflush(stdout);
   BenchCluster cluster;
@@ -452,6 +487,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
       r.blocks = (tokens + shape.block_tokens - 1) / shape.block_tokens;
       r.samples.prompt_tokens = tokens;
       r.samples.kv_bytes = uint64_t{r.blocks} * block_bytes;
+      if (o.stream_chunks) r.samples.chunk_tokens = o.max_batch_tokens;
       std::printf("%u tokens (%u blocks, %s of KV): %u samples ...\n", tokens, r.blocks,
                   HumanBytes(r.samples.kv_bytes).c_str(), o.samples);
       std::fflush(stdout);
@@ -513,7 +549,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
 
   std::vector<TtftComparison> figures;
   for (const LengthRun& r : runs) {
-    Result<TtftComparison> c = CompareTtft(r.samples, o.target_ratio);
+    Result<TtftComparison> c = CompareTtft(r.samples, o.target_ratio, o.stream_goal);
     if (!c.ok()) return c.status();
     figures.push_back(*c);
   }
@@ -533,6 +569,25 @@ Status RunTtftBench(const TtftBenchOptions& o) {
   }
   std::printf("  ans→tok: D's answer arrived → the client's first token, p50 (D's step, the "
               "relay back)\n");
+  if (o.stream_chunks) {
+    std::printf("\nstreamed: the same prompts through a P that streams chunks of %u tokens "
+                "(ms; s.diff = streamed P/D p50 − plain p50; last chunk = predicted × its share "
+                "of the prompt; ×whole = s.diff / diff)\n",
+                o.max_batch_tokens);
+    std::printf("  %7s %7s %9s %17s %10s %10s %10s %7s\n", "tokens", "chunks", "streamed",
+                "P/D streamed", "s.diff", "diff", "last chunk", "×whole");
+    for (size_t i = 0; i < figures.size(); ++i) {
+      const TtftComparison& f = figures[i];
+      char pd[32];
+      std::snprintf(pd, sizeof pd, "%.1f (%.1f)", f.streamed_p50_s * 1e3, f.streamed_p90_s * 1e3);
+      std::printf("  %7u %7u %9.0f %17s %10.1f %10.1f %10.1f %7.2f\n", f.prompt_tokens, f.chunks,
+                  runs[i].chunks_streamed, pd, f.streamed_difference_s * 1e3,
+                  f.difference_s * 1e3, f.last_chunk_predicted_s * 1e3, f.over_whole);
+    }
+    std::printf("  streamed: chunks P handed over while it prefilled, in these samples (the "
+                "last of each prompt goes at its end); ×whole −1: the whole hand-off added "
+                "nothing to share\n");
+  }
   for (const LengthRun& r : runs) {
     if (r.producer_tokens < 0) continue;
     std::printf("  %u tokens: D emitted P's first token in %.0f of %zu hand-offs (the P/D "
@@ -584,6 +639,19 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                 f.met ? "MET" : "MISSED", o.transport.c_str(), f.prompt_tokens,
                 f.difference_s * 1e3, f.ratio, f.predicted_s * 1e3, f.target_ratio);
   }
+  for (const TtftComparison& f : figures) {
+    if (!o.stream_chunks) break;
+    if (f.chunks < 2) {
+      std::printf("  [n/a] %s %u tokens streamed: one chunk of %u tokens, nothing to stream\n",
+                  o.transport.c_str(), f.prompt_tokens, o.max_batch_tokens);
+      continue;
+    }
+    std::printf("  [%s] %s %u tokens streamed: P/D − plain = %.1f ms = %.2f× the whole "
+                "hand-off's %.1f ms (goal ≤ %.2f×; the last chunk's transfer predicts %.1f ms)\n",
+                f.stream_goal_met ? "MET" : "MISSED", o.transport.c_str(), f.prompt_tokens,
+                f.streamed_difference_s * 1e3, f.over_whole, f.difference_s * 1e3, f.stream_goal,
+                f.last_chunk_predicted_s * 1e3);
+  }
   std::printf("%s\n", all_met ? "all targets met" : "some targets MISSED");
   std::fflush(stdout);
 
@@ -593,7 +661,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
              {"samples", o.samples}, {"step_base_us", o.step_base_us},
              {"step_per_token_us", o.step_per_token_us},
              {"max_batch_tokens", o.max_batch_tokens}, {"pool_blocks", co.pool_blocks},
-             {"stream_chunks", o.stream_chunks},
+             {"stream_chunks", o.stream_chunks}, {"stream_goal", o.stream_goal},
              {"target_ratio", o.target_ratio}, {"targets_met", all_met},
              {"definition",
               "difference = P/D TTFT p50 - plain TTFT p50; predicted = kv_bytes / bandwidth, "
@@ -616,6 +684,12 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                       {"export_us_per_token", runs[i].copies.ExportUsPerToken()},
                       {"import_us_per_token", runs[i].copies.ImportUsPerToken()},
                       {"reference_checked", runs[i].reference_checked},
+                      {"chunks", f.chunks}, {"chunks_streamed", runs[i].chunks_streamed},
+                      {"streamed_p50_s", f.streamed_p50_s}, {"streamed_p90_s", f.streamed_p90_s},
+                      {"streamed_difference_s", f.streamed_difference_s},
+                      {"streamed_ratio", f.streamed_ratio}, {"over_whole", f.over_whole},
+                      {"last_chunk_predicted_s", f.last_chunk_predicted_s},
+                      {"stream_goal_met", f.stream_goal_met}, {"streamed_s", s.streamed_s},
                       {"plain_s", s.plain_s}, {"pd_s", s.pd_s}, {"transfer_s", s.transfer_s},
                       {"pd_pull_s", s.pd_pull_s}, {"answer_to_token_s", s.answer_to_token_s}});
     }

@@ -5,10 +5,12 @@
 //
 // It starts, as `kvrelay serve` children on loopback, a plain engine (no
 // transfer), a P, a D and the router over P and D, all with the same model
-// shape, pool, token budget and modelled step time. For each prompt length
-// it sends N fresh random prompts one at a time (every engine idle before
-// each request, nothing else running), each twice: streamed to the plain
-// engine and streamed through the router, in alternating order; TTFT is
+// shape, pool, token budget and modelled step time (with --stream-chunks,
+// also a streaming P behind a router of its own over the same D). For each
+// prompt length it sends N fresh random prompts one at a time (every engine
+// idle before each request, nothing else running), each on every path:
+// streamed to the plain engine and through the router(s), in rotating
+// order; TTFT is
 // request sent → first streamed token, at the client. Between them, with a
 // fresh prompt of the same length, it sends a P leg and, once P answered,
 // the D leg (as `bench transfer` does) and reads D's pull→answer time: the
@@ -53,11 +55,13 @@ struct TtftBenchOptions {
   uint32_t tcp_streams = 4;
   uint32_t kv_read_threads = 2;          // every engine's --kv-read-threads (plain too)
   bool compute_first_token = false;      // the engines' --compute-first-token
-  // P's --stream-chunks: its prefill hands each finished chunk to D while
-  // it goes on (chunks are max_batch_tokens long). The transfer samples
-  // stay whole (P done before D pulls), so `ratio` reads as the share of a
-  // whole transfer the streamed hand-off still adds to TTFT.
+  // A second P with --stream-chunks (its prefill hands each finished
+  // chunk of max_batch_tokens to D while it goes on), behind a router of
+  // its own over the same D: every sample's prompt also goes through it,
+  // so streamed and whole are compared in one run. The goal (issue 32):
+  // streamed P/D − plain ≤ stream_goal × (whole P/D − plain).
   bool stream_chunks = false;
+  double stream_goal = 0.25;
   std::string ucx_tls;
   double request_timeout_s = 120;
   std::string logs = "/tmp/kvrelay-bench-ttft";
