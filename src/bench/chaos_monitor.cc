@@ -107,6 +107,9 @@ EngineEnd ReadEngineEnd(const std::string& name, const std::string& url) {
                                            MetricSum(me->body, "kvrelay_pulls_resent_total"));
   e.pulls_answered = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_pulls_answered_total"));
   e.lanes_opened = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_lanes_opened_total"));
+  e.chunks_streamed =
+      static_cast<uint64_t>(MetricSum(me->body, "kvrelay_prefill_chunks_streamed_total"));
+  e.chunk_writes = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_chunk_writes_total"));
   e.loads_failed = 0;
   {
     std::istringstream in(me->body);

@@ -50,6 +50,9 @@ struct EngineEnd {
                                                     // pulls counted once
   uint64_t loads_failed = 0;   // D: loads that failed (recomputed), current incarnation
   uint64_t lanes_opened = 0;   // local lanes opened (D) or attached (P), current incarnation
+  // P with --stream-chunks, current incarnation: chunks handed over while
+  // prefilling, and writes of part of a pull.
+  uint64_t chunks_streamed = 0, chunk_writes = 0;
 };
 
 struct ChaosMeasure {

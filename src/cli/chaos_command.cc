@@ -70,13 +70,23 @@ int RunChaos(const ChaosCliOptions& cli) {
       }
     }
   }
+  if (o.stream_chunks && o.llama.engine == "llama") {
+    std::fprintf(stderr, "kvrelay chaos: --stream-chunks: llama.cpp engines hand their KV off "
+                         "whole\n");
+    return 2;
+  }
   InstallChaosSignalCleanup();
   std::printf("kvrelay chaos: %zu cases; each a fresh P, D and router, transport %s (tcp for "
               "partitions and slow-d), load for %.1f s at concurrency %u, fault at %.1f s; "
               "engines at --abort-timeout-s %.1f --giveup-grace-s %.1f --peer-dead-after-s "
-              "%.1f; logs in %s\n",
+              "%.1f%s; logs in %s\n",
               chosen.size(), o.transport.c_str(), o.load_s, o.concurrency, o.fault_at_s,
-              o.abort_timeout_s, o.giveup_grace_s, o.peer_dead_after_s, o.logs.c_str());
+              o.abort_timeout_s, o.giveup_grace_s, o.peer_dead_after_s,
+              o.stream_chunks
+                  ? ("; P streams chunks of " + std::to_string(kStreamChunkTokens) + " tokens")
+                        .c_str()
+                  : "",
+              o.logs.c_str());
   std::fflush(stdout);
   std::vector<ChaosRow> rows;
   int failed = 0, skipped = 0;
@@ -97,13 +107,19 @@ int RunChaos(const ChaosCliOptions& cli) {
     if (!r.fault_detail.empty()) std::printf("    fault: %s\n", r.fault_detail.c_str());
     for (const EngineEnd& e : r.measure.engines) {
       std::printf("    %s%s: oldest send %.1f s (bound %.1f), oldest load %.1f s (bound %.1f), "
-                  "pull items %llu received / %llu answered, loads failed %llu, lanes %llu\n",
+                  "pull items %llu received / %llu answered, loads failed %llu, lanes %llu",
                   e.name.c_str(), e.restarted ? " (restarted)" : "", e.max_send_age_s,
                   r.bounds.send_bound_s, e.max_load_age_s, r.bounds.load_bound_s,
                   static_cast<unsigned long long>(e.pulls_received),
                   static_cast<unsigned long long>(e.pulls_answered),
                   static_cast<unsigned long long>(e.loads_failed),
                   static_cast<unsigned long long>(e.lanes_opened));
+      if (e.prefill && o.stream_chunks) {
+        std::printf(", chunks streamed %llu, chunk writes %llu",
+                    static_cast<unsigned long long>(e.chunks_streamed),
+                    static_cast<unsigned long long>(e.chunk_writes));
+      }
+      std::printf("\n");
     }
     for (const std::string& w : r.verdict.why) std::printf("    %s: %s\n",
         r.verdict.kind == ChaosVerdict::Kind::kSkipped ? "skipped" : "FAIL", w.c_str());
@@ -125,7 +141,9 @@ int RunChaos(const ChaosCliOptions& cli) {
                            {"pulls_received", e.pulls_received},
                            {"pulls_answered", e.pulls_answered},
                            {"loads_failed", e.loads_failed},
-                           {"lanes_opened", e.lanes_opened}});
+                           {"lanes_opened", e.lanes_opened},
+                           {"chunks_streamed", e.chunks_streamed},
+                           {"chunk_writes", e.chunk_writes}});
       }
       const LoadReport& l = r.measure.load;
       j.push_back({{"case", r.c.name},
@@ -180,6 +198,9 @@ void RegisterChaos(CLI::App& app) {
   cmd->add_option("--seed", r.seed, "load seed (each case adds its number)")->capture_default_str();
   cmd->add_option("--concurrency", r.concurrency, "client requests in flight")->capture_default_str();
   AddLlamaClusterFlags(cmd, &r.llama);
+  cmd->add_flag("--stream-chunks", r.stream_chunks,
+                "P streams each finished prefill chunk (32 tokens, P's --max-batch-tokens) to "
+                "D (serve's --stream-chunks), so faults land mid-stream; emulated engines only");
   cmd->add_option("--load-s", r.load_s, "requests start for this long in each case")
       ->capture_default_str();
   cmd->add_option("--fault-at-s", r.fault_at_s, "when the fault lands, from the load's start")

@@ -187,6 +187,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
                            "--debug-fail-writes-after-bytes", std::to_string(o.fail_after_bytes),
                            "--debug-fail-writes-seed", std::to_string(o.seed)});
   }
+  if (o.stream_chunks) co.p_engine_args = StreamChunksArgs(kStreamChunkTokens);
   co.router_args = {"--upstream-idle-timeout-s", "20"};
   LoadOptions llama_load;   // --engine llama: its checker
   LocalCluster cluster;

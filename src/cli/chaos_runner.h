@@ -61,6 +61,9 @@ struct ChaosOptions {
   double slack_s = 3;                  // scheduling slack on every bound
   double recover_bound_s = 15;
   LlamaClusterFlags llama;             // --engine, --model, --threads
+  // P streams each finished prefill chunk to D (serve's --stream-chunks,
+  // chunks of kStreamChunkTokens); false: P hands off whole.
+  bool stream_chunks = false;
 };
 
 struct ChaosRow {

@@ -24,6 +24,7 @@ struct DemoOptions {
   int control_nice = 0;
   int control_slice_us = -1;
   LlamaClusterFlags llama;           // --engine, --model, --threads
+  bool stream_chunks = false;        // P streams chunks (StreamChunksArgs)
 };
 
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
@@ -39,13 +40,26 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
   c.control_nice = d.control_nice;
   c.control_slice_us = d.control_slice_us;
   c.auth_token_file = load_base.auth_token_file;  // engines and router get it too
+  if (d.stream_chunks) {
+    if (d.llama.engine == "llama") {
+      std::fprintf(stderr, "kvrelay demo: --stream-chunks: llama.cpp engines hand their KV off "
+                           "whole\n");
+      return 2;
+    }
+    c.p_engine_args = StreamChunksArgs(kStreamChunkTokens);
+  }
   LoadOptions o = load_base;
-  std::printf("kvrelay demo: 1P1D on loopback, transport %s, %s %s, P tp %u, D tp %u, "
+  std::printf("kvrelay demo: 1P1D on loopback, transport %s, %s %s, P tp %u, D tp %u%s, "
               "logs in %s\n",
               c.transport.c_str(), d.llama.engine == "llama" ? "llama.cpp model" : "model shape",
               d.llama.engine == "llama" ? (d.llama.model.empty() ? "made" : d.llama.model.c_str())
                                         : c.shape.c_str(),
-              c.p_tp, c.d_tp, c.logs.c_str());
+              c.p_tp, c.d_tp,
+              d.stream_chunks
+                  ? (", P streaming chunks of " + std::to_string(kStreamChunkTokens) + " tokens")
+                        .c_str()
+                  : "",
+              c.logs.c_str());
   if (Status s = SetUpLlamaCluster(d.llama, c.logs, &c, &o); !s.ok()) {
     std::fprintf(stderr, "kvrelay demo: %s\n", s.message().c_str());
     return 2;
@@ -60,7 +74,18 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
               cluster.d_urls()[0].c_str(), cluster.router_url().c_str());
   std::fflush(stdout);
   o.url = cluster.router_url();
-  const int rc = RunLoadCommand(o, controls, json_path);
+  int rc = RunLoadCommand(o, controls, json_path);
+  if (d.stream_chunks) {
+    // Streaming asked for and nothing streamed would be a demo of nothing.
+    const double chunks = MetricSample(cluster.p_urls()[0], "kvrelay_prefill_chunks_streamed_total");
+    const double writes = MetricSample(cluster.p_urls()[0], "kvrelay_chunk_writes_total");
+    std::printf("  P streamed %.0f prompt chunks while prefilling and wrote %.0f parts of pulls\n",
+                chunks, writes);
+    if (!(chunks > 0)) {
+      std::printf("  FAIL: --stream-chunks, and P handed no chunk over (see its log)\n");
+      if (rc == 0) rc = 1;
+    }
+  }
   bool clean = false;
   const std::string how = cluster.Stop(&clean);
   std::printf("  shutdown: %s%s\n  logs: %s/{prefill0,decode0,router}.log\n", how.c_str(),
@@ -102,6 +127,9 @@ void RegisterDemo(CLI::App& app) {
       ->check(CLI::Range(-1, 100000));
   cmd->add_option("--step-per-token-us", d->step_per_token_us, "modelled compute per token")
       ->capture_default_str();
+  cmd->add_flag("--stream-chunks", d->stream_chunks,
+                "P streams each finished prefill chunk (32 tokens, P's --max-batch-tokens) to "
+                "D while it prefills (serve's --stream-chunks); emulated engines only");
   AddLlamaClusterFlags(cmd, &d->llama);
   AddLoadFlags(cmd, o.get(), controls.get(), json_path.get());
   cmd->callback([d, o, controls, json_path] {

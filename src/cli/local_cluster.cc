@@ -12,6 +12,10 @@ namespace kvrelay::cli {
 
 uint16_t FreePort(uint32_t span) { return runtime::FreeLoopbackPorts(span); }
 
+std::vector<std::string> StreamChunksArgs(uint32_t chunk_tokens) {
+  return {"--stream-chunks", "--max-batch-tokens", std::to_string(chunk_tokens)};
+}
+
 std::string SelfPath() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -76,6 +80,9 @@ Status LocalCluster::Start(const ClusterOptions& o) {
       a.push_back(std::to_string(o.control_slice_us));
     }
     a.insert(a.end(), o.engine_args.begin(), o.engine_args.end());
+    if (std::string(role) == "prefill") {
+      a.insert(a.end(), o.p_engine_args.begin(), o.p_engine_args.end());
+    }
     if (twin) a.insert(a.end(), o.twin_p_args.begin(), o.twin_p_args.end());
     if (!o.auth_token_file.empty()) {
       a.push_back("--auth-token-file");

@@ -17,6 +17,13 @@
 
 namespace kvrelay::cli {
 
+// `serve --stream-chunks` for P engines, with prefill chunks of
+// `chunk_tokens` (their --max-batch-tokens): what `demo`, `chaos` and
+// `matrix` pass with their --stream-chunks, at kStreamChunkTokens — short
+// enough that their prompts (tens to hundreds of tokens) span several.
+std::vector<std::string> StreamChunksArgs(uint32_t chunk_tokens);
+constexpr uint32_t kStreamChunkTokens = 32;
+
 struct ClusterOptions {
   std::string logs;                 // folder (created)
   std::string transport = "shm";
@@ -29,6 +36,7 @@ struct ClusterOptions {
   int control_nice = 0;             // serve's --control-nice for every engine; 0: not passed
   int control_slice_us = -1;        // serve's --control-slice-us for every engine; -1: not passed
   std::vector<std::string> engine_args;   // extra `serve` flags for every engine
+  std::vector<std::string> p_engine_args; // and for the P engines only (after those)
   std::string auth_token_file;            // --auth-token-file for every engine and the router
   std::vector<std::string> router_args;   // extra `router` flags
   // A twin: one more P ("twinprefill0"), started with `twin_p_args` after

@@ -51,11 +51,10 @@ struct MatrixOptions {
   std::string policy = "recompute";   // the engines' --load-failure-policy
   double lease_s = 30;   // read mode: serve's default; P's holds must stay within it
   std::string sweep;     // "" | all | day | N | A..B (see --sweep)
-  // P's --stream-chunks, at a token budget of kStreamBatchTokens so the
+  // P's --stream-chunks, at a token budget of kStreamChunkTokens so the
   // load's prompts span several chunks and calls land between them.
   bool stream_chunks = false;
 };
-constexpr int kStreamBatchTokens = 32;
 
 // Read mode: the longest any P rank held a lease's blocks (-1: unknown).
 double MaxLeaseHoldS(const LocalCluster& cluster) {
@@ -228,8 +227,8 @@ int RunMatrix(const MatrixOptions& m, int* passed_out = nullptr, int* failed_out
     co.auth_token_file = m.auth_token_file;
     co.engine_args = {"--kv-mode", m.kv_mode, "--load-failure-policy", m.policy};
     if (m.stream_chunks) {
-      for (const char* a : {"--stream-chunks", "--max-batch-tokens"}) co.engine_args.push_back(a);
-      co.engine_args.push_back(std::to_string(kStreamBatchTokens));
+      const std::vector<std::string> a = StreamChunksArgs(kStreamChunkTokens);
+      co.engine_args.insert(co.engine_args.end(), a.begin(), a.end());
     }
     co.router_args = {"--kv-mode", m.kv_mode};
     LoadOptions llama_load;   // --engine llama: its checker
@@ -502,7 +501,7 @@ void RegisterMatrix(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--stream-chunks", m->stream_chunks,
                 "P streams each finished prefill chunk to D (serve --stream-chunks; push "
-                "mode), every engine at a budget of " + std::to_string(kStreamBatchTokens) +
+                "mode), every engine at a budget of " + std::to_string(kStreamChunkTokens) +
                     " tokens a step so prompts span several chunks");
   cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
   AddLlamaClusterFlags(cmd, &m->llama);

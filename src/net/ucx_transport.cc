@@ -43,8 +43,14 @@ using ucx::UcsToStatus;
 using ucx::UcxCore;
 
 // How long a Write or a Read waits for its puts/gets and flush before
-// giving up.
+// giving up: 30 s, and 1 s more per 64 MiB it moves — a bound for a peer
+// that stopped answering, not for a big copy on a slow host (4.4 GiB, a
+// 32K-token 8b prompt, took 8 s alone here and over 30 s beside three
+// more engines' pools).
 constexpr auto kCopyTimeout = std::chrono::seconds(30);
+std::chrono::seconds CopyTimeout(uint64_t bytes) {
+  return kCopyTimeout + std::chrono::seconds(bytes >> 26);
+}
 
 // ---------------------------------------------------------------------------
 // Mapping: one mmap'd, ucp_mem_map'ed range. Shared by its UcxRegion and
@@ -307,8 +313,9 @@ class UcxEndpoint {
       return DeadlineExceededError(std::string("ucx ") + what +
                                    ": the deadline passed before it started");
     }
-    const bool deadline_first = by_deadline < now + kCopyTimeout;
-    const Clock::time_point wait_until = deadline_first ? by_deadline : now + kCopyTimeout;
+    const std::chrono::seconds timeout = CopyTimeout(*total);
+    const bool deadline_first = by_deadline < now + timeout;
+    const Clock::time_point wait_until = deadline_first ? by_deadline : now + timeout;
     KV_CHECK(ep_ != nullptr && rkey_ != nullptr);  // Open returns only connected endpoints
 
     std::vector<void*> requests;
@@ -356,7 +363,7 @@ class UcxEndpoint {
       return DeadlineExceededError(std::string("ucx ") + what + ": not complete " +
                                    (deadline_first ? std::string("by the deadline")
                                                    : "after " +
-                                                         std::to_string(kCopyTimeout.count()) +
+                                                         std::to_string(timeout.count()) +
                                                          " s"));
     }
     if (st != UCS_OK) return UcsToStatus(std::string("ucx ") + what, st);
