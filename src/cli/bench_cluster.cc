@@ -70,7 +70,6 @@ Status BenchCluster::Start(const BenchClusterOptions& o) {
     c.engine_args.push_back("--ucx-tls");
     c.engine_args.push_back(o.ucx_tls);
   }
-  c.twin = !o.twin_p_args.empty();
   c.twin_p_args = o.twin_p_args;
   if (Status s = cluster_.Start(c); !s.ok()) return s;
   const http::ClientOptions timeouts =

@@ -63,7 +63,7 @@ struct BenchClusterOptions {
   bool compute_first_token = false;   // serve's --compute-first-token
   std::string kv_mode = "push";       // engines' and router's --kv-mode
   // A twin P with these serve flags more, behind a router of its own over
-  // the same D (ClusterOptions::twin); empty: none.
+  // the same D (ClusterOptions::twin_p_args); empty: none.
   std::vector<std::string> twin_p_args;
 };
 

@@ -106,7 +106,7 @@ Status LocalCluster::Start(const ClusterOptions& o) {
   for (uint32_t i = 0; i < o.num_plain; ++i) {
     if (Status s = engine("plain", i, 1); !s.ok()) return s;
   }
-  if (o.twin) {
+  if (!o.twin_p_args.empty()) {
     if (Status s = engine("prefill", 0, o.p_tp, true); !s.ok()) return s;
   }
   // A router over `ps` and every D.
@@ -133,7 +133,7 @@ Status LocalCluster::Start(const ClusterOptions& o) {
     return start(name, ra, *url);
   };
   if (Status s = router("router", p_urls_, &router_url_); !s.ok()) return s;
-  if (o.twin) {
+  if (!o.twin_p_args.empty()) {
     if (Status s = router("twinrouter", {twin_p_url_}, &twin_router_url_); !s.ok()) return s;
   }
   for (Proc& p : procs_) {

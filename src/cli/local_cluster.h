@@ -39,11 +39,10 @@ struct ClusterOptions {
   std::vector<std::string> p_engine_args; // and for the P engines only (after those)
   std::string auth_token_file;            // --auth-token-file for every engine and the router
   std::vector<std::string> router_args;   // extra `router` flags
-  // A twin: one more P ("twinprefill0"), started with `twin_p_args` after
-  // the engines' flags, behind a second router ("twinrouter") over it and
-  // the same D engines; so one run measures two kinds of P side by side
+  // Non-empty: a twin, one more P ("twinprefill0") started with these
+  // flags after the engines', behind a second router ("twinrouter") over it
+  // and the same D engines; so one run measures two kinds of P side by side
   // (`bench ttft --stream-chunks`: P streaming against P handing off whole).
-  bool twin = false;
   std::vector<std::string> twin_p_args;
 };
 
@@ -71,7 +70,7 @@ class LocalCluster {
   const std::vector<std::string>& p_urls() const { return p_urls_; }
   const std::vector<std::string>& d_urls() const { return d_urls_; }
   const std::vector<std::string>& plain_urls() const { return plain_urls_; }
-  // "" without ClusterOptions::twin.
+  // "" without ClusterOptions::twin_p_args.
   const std::string& twin_router_url() const { return twin_router_url_; }
   const std::string& twin_p_url() const { return twin_p_url_; }
 
