@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/prng.h"
+#include "bench/percentile.h"
 #include "bench/ttft_compare.h"
 #include "cli/bench_cluster.h"
 #include "cli/llama_checker.h"
@@ -68,6 +69,33 @@ struct KvCopies {
   double ImportUsPerToken() const { return imported_tokens > 0 ? import_us / imported_tokens : -1; }
 };
 
+// An engine's step time so far, from its /metrics (s; -1: not read): the
+// real work inside its steps and the compute its model asked for.
+struct StepTime {
+  double work_s = -1, modelled_s = -1;
+  static StepTime Read(const std::string& url) {
+    return StepTime{MetricSample(url, "kvrelay_engine_step_work_seconds_total"),
+                    MetricSample(url, "kvrelay_engine_step_modelled_seconds_total")};
+  }
+};
+
+// One path's engine step time per request (P's on the P/D paths).
+struct StepTimes {
+  std::vector<double> work_s, modelled_s;
+  void Add(const StepTime& before, const StepTime& after) {
+    if (before.work_s < 0 || after.work_s < 0 || before.modelled_s < 0 || after.modelled_s < 0) {
+      return;
+    }
+    work_s.push_back(after.work_s - before.work_s);
+    modelled_s.push_back(after.modelled_s - before.modelled_s);
+  }
+  json Json() const {
+    return {{"work_p50_s", Percentile(work_s, 0.5)},
+            {"modelled_p50_s", Percentile(modelled_s, 0.5)}, {"work_s", work_s},
+            {"modelled_s", modelled_s}};
+  }
+};
+
 // The samples of one prompt length, as they come in.
 struct LengthRun {
   uint32_t tokens = 0, blocks = 0;
@@ -76,6 +104,8 @@ struct LengthRun {
   KvCopies copies;              // during this length's samples (llama.cpp engines)
   uint32_t reference_checked = 0;  // plain outputs checked against llama.cpp alone
   double chunks_streamed = -1;     // the streaming P's chunks handed over (--stream-chunks)
+  // Per request: the plain engine's steps, the whole P's, the streaming P's.
+  StepTimes plain_steps, p_steps, streamed_p_steps;
 };
 
 class TtftRun {
@@ -138,6 +168,23 @@ class TtftRun {
         std::fflush(stdout);
       }
     }
+    // Every request's engine steps were read, and each path's engine
+    // computed (the P/D ones on P): a missing series is a broken bench.
+    struct PathSteps {
+      const char* what;
+      const StepTimes* times;
+      size_t want;
+    };
+    for (const PathSteps& p : {PathSteps{"the plain engine", &run->plain_steps, o_.samples},
+                               PathSteps{"P", &run->p_steps, o_.samples},
+                               PathSteps{"the streaming P", &run->streamed_p_steps,
+                                         twin_ ? o_.samples : 0}}) {
+      if (p.times->work_s.size() != p.want ||
+          (p.want > 0 && !(Percentile(p.times->work_s, 0.5) > 0))) {
+        return InternalError(std::string("could not read ") + p.what +
+                             "'s step time per request (kvrelay_engine_step_work_seconds_total)");
+      }
+    }
     run->copies = KvCopies::Read(c_).Minus(copies0);
     const double producer_tokens1 = MetricSample(c_.d_url(), kProducerTokens);
     if (producer_tokens0 >= 0 && producer_tokens1 >= 0) {
@@ -194,11 +241,16 @@ class TtftRun {
   // TTFT on the plain engine.
   Status Plain(const json& body, LengthRun* run, std::vector<engine::Token>* tokens) {
     if (Status s = c_.WaitIdle(); !s.ok()) return s;
+    const StepTime steps0 = StepTime::Read(c_.plain_url());
     Result<Streamed> r = StreamCompletion(plain_, body, o_.request_timeout_s);
     if (!r.ok()) return Status(r.status().code(), "plain engine: " + r.status().message());
     if (Status s = Checked(body, *r, "plain engine"); !s.ok()) return s;
     for (const engine::TokenOut& t : r->tokens) tokens->push_back(t.token);
-    if (run != nullptr) run->samples.plain_s.push_back(r->ttft_s);
+    if (run != nullptr) {
+      run->samples.plain_s.push_back(r->ttft_s);
+      if (Status s = c_.WaitIdle(); !s.ok()) return s;
+      run->plain_steps.Add(steps0, StepTime::Read(c_.plain_url()));
+    }
     return Status::Ok();
   }
 
@@ -216,6 +268,8 @@ class TtftRun {
       return old.status();
     }
     const std::string path = streamed ? "through the streaming P's router" : "through the router";
+    const std::string& p_url = streamed ? c_.twin_p_url() : c_.p_url();
+    const StepTime steps0 = StepTime::Read(p_url);
     Result<Streamed> r = StreamCompletion(streamed ? *twin_ : router_, body, o_.request_timeout_s);
     if (!r.ok()) return Status(r.status().code(), path + ": " + r.status().message());
     if (Status s = Checked(body, *r, path); !s.ok()) return s;
@@ -231,6 +285,10 @@ class TtftRun {
       if (pulls.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     if (Status s = Served(pulls, tokens, "a P/D request " + path); !s.ok()) return s;
+    if (run != nullptr) {
+      if (Status s = c_.WaitIdle(); !s.ok()) return s;
+      (streamed ? run->streamed_p_steps : run->p_steps).Add(steps0, StepTime::Read(p_url));
+    }
     if (run != nullptr && streamed) {
       run->samples.streamed_s.push_back(r->ttft_s);
     } else if (run != nullptr) {
@@ -601,6 +659,18 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                 f.prompt_tokens, f.until_answer_difference_s * 1e3, f.pd_pull_p50_s * 1e3);
   }
   for (const LengthRun& r : runs) {
+    auto ms = [](const std::vector<double>& v) { return Percentile(v, 0.5) * 1e3; };
+    std::printf("  %u tokens: engine steps per request, p50 work (modelled) ms: plain %.1f "
+                "(%.1f), P %.1f (%.1f)",
+                r.tokens, ms(r.plain_steps.work_s), ms(r.plain_steps.modelled_s),
+                ms(r.p_steps.work_s), ms(r.p_steps.modelled_s));
+    if (o.stream_chunks) {
+      std::printf(", streaming P %.1f (%.1f)", ms(r.streamed_p_steps.work_s),
+                  ms(r.streamed_p_steps.modelled_s));
+    }
+    std::printf("\n");
+  }
+  for (const LengthRun& r : runs) {
     if (!llama) break;
     const KvCopies& k = r.copies;
     std::printf("  %u tokens: llama.cpp's copies: export on P %.2f µs/token (%.1f ms per "
@@ -691,7 +761,10 @@ Status RunTtftBench(const TtftBenchOptions& o) {
                       {"last_chunk_predicted_s", f.last_chunk_predicted_s},
                       {"stream_goal_met", f.stream_goal_met}, {"streamed_s", s.streamed_s},
                       {"plain_s", s.plain_s}, {"pd_s", s.pd_s}, {"transfer_s", s.transfer_s},
-                      {"pd_pull_s", s.pd_pull_s}, {"answer_to_token_s", s.answer_to_token_s}});
+                      {"pd_pull_s", s.pd_pull_s}, {"answer_to_token_s", s.answer_to_token_s},
+                      {"engine_steps",
+                       {{"plain", runs[i].plain_steps.Json()}, {"p", runs[i].p_steps.Json()},
+                        {"streaming_p", runs[i].streamed_p_steps.Json()}}}});
     }
     doc["lengths"] = rows;
     if (llama) doc["model"] = model_doc;

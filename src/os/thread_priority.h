@@ -7,7 +7,7 @@
 // takes 1 ms at the median then takes tens of ms in the tail. Running the
 // engine loop, the rank actors and ZeroMQ's I/O threads at a lower nice
 // value (higher CFS weight) lets them preempt bulk work when they wake
-// (measured in docs/performance.md, "Aborts during compute, and control threads").
+// (measured in docs/performance.md, "What moved the bulk and one-block figures").
 // Linux keeps a nice value per thread: setpriority(PRIO_PROCESS, tid).
 //
 // Names: every runtime thread is named (kv-engine, kv-rank<r>, kv-writer,

@@ -122,6 +122,7 @@ void EngineActor::Loop() {
       const Duration compute =
           engine_->Step(have ? std::span<const RankReport>(reports) : std::span<const RankReport>(),
                         MonoNow());
+      CountStep(std::chrono::steady_clock::now() - t0, compute);
       if (have) {
         for (RankReport& r : reports) r = RankReport{};
       }
@@ -168,6 +169,16 @@ void EngineActor::SpendCompute(std::chrono::steady_clock::time_point until,
     engine_->Control();
     Dispatch();
   }
+}
+
+void EngineActor::CountStep(std::chrono::steady_clock::duration work, Duration modelled) {
+  const auto work_ns =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(work).count());
+  const auto modelled_ns = static_cast<uint64_t>(std::max<int64_t>(0, modelled.ns()));
+  step_counters_.steps.fetch_add(1, std::memory_order_relaxed);
+  step_counters_.work_ns.fetch_add(work_ns, std::memory_order_relaxed);
+  step_counters_.modelled_ns.fetch_add(modelled_ns, std::memory_order_relaxed);
+  if (modelled_ns > 0 && work_ns > modelled_ns) step_counters_.overruns.fetch_add(1, std::memory_order_relaxed);
 }
 
 void EngineActor::Dispatch() {

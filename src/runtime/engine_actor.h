@@ -38,6 +38,21 @@
 
 namespace kvrelay::runtime {
 
+// The engine thread's steps, for /metrics: how long each step's real work
+// took (Engine::Step: the batch's KV bytes, the model's compute) against
+// the compute time the step asked for. With the emulated model a step
+// lasts max(work, modelled); work above the model (an overrun) means the
+// host, not the model, set the step's length. Written by the engine thread
+// only; read by any thread.
+struct StepCounters {
+  std::atomic<uint64_t> steps{0};
+  std::atomic<uint64_t> work_ns{0};       // wall time inside Engine::Step
+  std::atomic<uint64_t> modelled_ns{0};   // the compute time the steps returned
+  // Steps with modelled compute whose work outlasted it (steps with none:
+  // reports only, or llama.cpp's, where the compute is the work).
+  std::atomic<uint64_t> overruns{0};
+};
+
 struct OpResult {
   bool ok = false;
   std::string detail;
@@ -95,11 +110,13 @@ class EngineActor {
   void PostReport(uint32_t rank, RankReport report) EXCLUDES(reports_mu_);
 
   uint64_t NewClientId() { return next_client_.fetch_add(1); }
+  const StepCounters& step_counters() const { return step_counters_; }
   size_t inbox_size() const { return inbox_.size(); }
 
  private:
   void Loop();
   void Dispatch();
+  void CountStep(std::chrono::steady_clock::duration work, Duration modelled);
   void SpendCompute(std::chrono::steady_clock::time_point until, std::deque<Inbox::Fn>* fns);
   void FailAll(const std::string& why);
 
@@ -115,6 +132,7 @@ class EngineActor {
   const uint32_t tp_;
   std::thread thread_;
   std::atomic<uint64_t> next_client_{1};
+  StepCounters step_counters_;
   // Engine thread only:
   std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;
   struct OpWaiter {

@@ -108,5 +108,22 @@ TEST_F(EngineActorTest, StopDuringComputeFinishesOpenRequests) {
   EXPECT_EQ(stream->reason(), engine::FinishReason::kError);
 }
 
+TEST_F(EngineActorTest, StepCountersAddUpEveryStep) {
+  // Steps that model 1 ns each: every step that computed counts 1 ns of
+  // modelled time and, its real work taking longer, one overrun.
+  Start(Duration::Nanoseconds(1));
+  auto stream = Submit(1);
+  ASSERT_NE(stream, nullptr);
+  ASSERT_TRUE(Finished(*stream, milliseconds(10000)));
+  EXPECT_EQ(stream->reason(), engine::FinishReason::kLength);
+  actor_->Stop();
+  const StepCounters& c = actor_->step_counters();
+  // One prefill step and one step per further token (50 tokens).
+  EXPECT_GE(c.modelled_ns.load(), 50u);
+  EXPECT_GE(c.steps.load(), c.modelled_ns.load());
+  EXPECT_EQ(c.overruns.load(), c.modelled_ns.load());
+  EXPECT_GT(c.work_ns.load(), c.modelled_ns.load());
+}
+
 }  // namespace
 }  // namespace kvrelay::runtime

@@ -70,6 +70,8 @@ class ServerMetrics {
     std::vector<uint64_t> rank_counters;
     uint64_t transport[6] = {};
     uint64_t over_limit[kWireLimitCount] = {};
+    // runtime::StepCounters: steps, work_ns, modelled_ns, overruns.
+    uint64_t steps[4] = {};
   };
   std::function<http::ServerStats()> http_stats_;
   MetricsRegistry registry_;
