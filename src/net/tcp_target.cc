@@ -23,8 +23,8 @@ TcpRemote::TcpRemote(Region* local, TcpRegistration remote, uint32_t max_streams
 }
 
 template <typename StripeFn>
-Status TcpRemote::WriteStriped(std::span<const Segment> segments, uint32_t want,
-                               const WaitBound& bound, const StripeFn& stripe_fn) {
+Status TcpRemote::RunStriped(std::span<const Segment> segments, uint32_t want,
+                             const WaitBound& bound, const StripeFn& stripe_fn) {
   Result<int> first = pool_.Acquire(bound);
   if (!first.ok()) return first.status();
   std::vector<int> fds{*first};
@@ -83,7 +83,7 @@ Status TcpRemote::Write(TransferId transfer, std::span<const Segment> segments,
   const uint32_t stripes = StripeCount(total, pool_.max_streams(), stripe_min_bytes_);
   Status status = stripes <= 1
                       ? pool_.Run([&](int fd) { return stripe(fd, segments); }, bound)
-                      : WriteStriped(segments, stripes, bound, stripe);
+                      : RunStriped(segments, stripes, bound, stripe);
   return CountOutcome(std::move(status), total, counters);
 }
 
@@ -115,13 +115,16 @@ Status TcpRemote::Read(TransferId transfer, std::span<const Segment> segments) {
   if (Status s = CheckLocal(local, segments, /*local_is_src=*/false, "read", &total); !s.ok()) {
     return CountOutcome(std::move(s), 0, counters);
   }
-  Status status = pool_.Run([&](int fd) {
-    return FramesOnStream(fd, segments,
+  const auto stripe = [&](int fd, std::span<const Segment> part) {
+    return FramesOnStream(fd, part,
                           [&](int f, std::span<const Segment> frame, uint64_t frame_bytes,
                               std::vector<uint8_t>& table) {
                             return ReadFrame(f, transfer, frame, frame_bytes, local, table);
                           });
-  });
+  };
+  const uint32_t stripes = StripeCount(total, pool_.max_streams(), stripe_min_bytes_);
+  Status status = stripes <= 1 ? pool_.Run([&](int fd) { return stripe(fd, segments); })
+                               : RunStriped(segments, stripes, WaitBound(), stripe);
   return CountOutcome(std::move(status), total, counters);
 }
 

@@ -25,7 +25,10 @@
 // touching a socket. Reads have no deadline (the stall timeout only).
 //
 // Read: one read request per frame's worth of segments, each answered
-// before the next, on one stream.
+// before the next, on one stream; a read of at least 2 × stripe_min_bytes
+// is striped exactly as a write (each stripe its own read requests on its
+// own stream, the region serving every stream on a thread of its own) and
+// fails as a write does: the first failed stripe's error, counted once.
 //
 // Thread safety: Write and Read may be called from several threads at once.
 #pragma once
@@ -59,10 +62,11 @@ class TcpRemote final : public Target, public Source {
 
  private:
   // Runs `segments` as up to `want` stripes, stripe_fn(fd, stripe) each on
-  // its own stream, in parallel; see the header comment.
+  // its own stream, in parallel (a write's or a read's); see the header
+  // comment.
   template <typename StripeFn>
-  Status WriteStriped(std::span<const Segment> segments, uint32_t want, const WaitBound& bound,
-                      const StripeFn& stripe_fn);
+  Status RunStriped(std::span<const Segment> segments, uint32_t want, const WaitBound& bound,
+                    const StripeFn& stripe_fn);
 
   // One write frame: header and table, the payload straight from the local
   // region, then the receiver's reply; every wait bounded by `bound`.

@@ -79,7 +79,11 @@
 // same pool (tcp_client.h) and framing: Read cuts the segments into requests within
 // the frame limits, sends each on its stream and receives the payload with
 // recvmsg over iovecs pointing into the local region (no copy), each
-// request answered before the next. A peer that closes or stalls past
+// request answered before the next. A read of at least 2 ×
+// options.tcp_stripe_min_bytes is striped as a write is: each stripe's
+// requests on their own connection from their own thread, served in
+// parallel by the receiver's per-connection threads; it succeeds only if
+// every stripe's reads landed and their trailers said ok. A peer that closes or stalls past
 // kStallTimeoutMs fails the Read with kUnavailable; a refused request
 // returns kFailedPrecondition and keeps the connection.
 //

@@ -1148,6 +1148,102 @@ TEST_F(TcpStripeTest, AStalledPeerEndsAtTheDeadlineNotTheStallTimeout) {
   EXPECT_EQ(p_->stats().writes_failed.load(), 4u);
 }
 
+// Striped reads (read mode): the same cut as a write, each stripe's read
+// requests on its own stream.
+
+TEST_F(TcpStripeTest, AStripedReadLandsByteExactAndCountsOnce) {
+  p_region_->read_grants().Grant(kT1, Range(0, layout_.num_blocks));
+  auto source = d_->OpenSource(p_region_->registration(), d_region_.get());
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  // P's blocks 0..9 of every plane into D's 3..12: 1.25 MiB in 8 segments,
+  // cut into 4 stripes across segment boundaries.
+  const auto segs = BlockSegments(layout_, 0, 3, 10);
+  for (int round = 0; round < 3; ++round) {
+    const Status s = source.value()->Read(kT1, segs);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  const auto want = Expected(p_region_->bytes(), std::vector<uint8_t>(layout_.bytes(), 0), segs);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), d_region_->bytes().begin()));
+  EXPECT_EQ(d_->stats().reads_ok.load(), 3u);  // once per read, not per stripe
+  EXPECT_EQ(d_->stats().reads_failed.load(), 0u);
+  EXPECT_EQ(d_->stats().bytes_read.load(), 3 * 10 * 8 * (16u << 10));
+  EXPECT_EQ(p_->stats().bytes_served.load(), 3 * 10 * 8 * (16u << 10));
+}
+
+TEST_F(TcpStripeTest, ReadStripesGoOutInParallelOnTheirOwnStreams) {
+  // A fake P that answers no read request until four (on four
+  // connections) have arrived: a read whose stripes went one after
+  // another could never finish. Each answer is the requested bytes of a
+  // pattern: byte i of P's region is i mod 251.
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  FakeReceiver fake(layout_, [&](int fd, int) {
+    FakeFrame f;
+    while (RecvFrameHead(fd, &f)) {
+      std::unique_lock<std::mutex> lock(mu);
+      ++arrived;
+      cv.notify_all();
+      if (!cv.wait_for(lock, 10s, [&] { return arrived >= 4; })) return;
+      lock.unlock();
+      std::vector<uint8_t> answer(8);
+      PutLe(answer.data(), tcp::kReadHeadMagic, 4);
+      PutLe(answer.data() + 4, tcp::kReplyOk, 4);
+      for (const auto& [src, bytes] : f.table) {
+        for (uint64_t i = 0; i < bytes; ++i) answer.push_back(static_cast<uint8_t>((src + i) % 251));
+      }
+      answer.resize(answer.size() + 8);
+      PutLe(answer.data() + answer.size() - 8, tcp::kReplyMagic, 4);
+      PutLe(answer.data() + answer.size() - 4, tcp::kReplyOk, 4);
+      if (send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(answer.size())) {
+        return;
+      }
+    }
+  });
+  auto source = d_->OpenSource(fake.registration(), d_region_.get());
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  const auto segs = BlockSegments(layout_, 0, 3, 10);
+  const Status s = source.value()->Read(kT1, segs);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(fake.connections(), 4);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(arrived, 4);
+  }
+  const auto d = d_region_->bytes();
+  for (const Segment& seg : segs) {
+    for (uint64_t i = 0; i < seg.bytes; i += 4093) {
+      ASSERT_EQ(d[seg.dst_offset + i], (seg.src_offset + i) % 251) << "offset " << i;
+    }
+  }
+}
+
+TEST_F(TcpStripeTest, AReadStripeRefusedFailsTheReadOnce) {
+  // P's plane 1 into D's plane 0: 256 KiB in 4 stripes of 4 blocks. Every
+  // block granted for read but 12, which only the last stripe touches: that
+  // stripe is refused, the read fails once, and the streams stay usable.
+  const uint64_t plane = layout_.num_blocks * layout_.block_stride_bytes;
+  const std::vector<Segment> segs{{plane, 0, plane}};
+  std::vector<uint32_t> blocks = Range(0, layout_.num_blocks);
+  blocks.erase(std::find(blocks.begin(), blocks.end(), 12u));
+  p_region_->read_grants().Grant(kT1, blocks);
+  auto source = d_->OpenSource(p_region_->registration(), d_region_.get());
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  const Status s = source.value()->Read(kT1, segs);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(p_->stats().reads_refused.load(), 1u);  // one stripe's request, not four
+  EXPECT_EQ(d_->stats().reads_failed.load(), 1u);
+  EXPECT_EQ(d_->stats().reads_ok.load(), 0u);
+  EXPECT_EQ(d_->stats().bytes_read.load(), 0u);
+  // Granted now: the same read succeeds on the same streams.
+  p_region_->read_grants().Grant(kT1, std::vector<uint32_t>{12});
+  ASSERT_TRUE(source.value()->Read(kT1, segs).ok());
+  const auto d = d_region_->bytes();
+  const auto p = p_region_->bytes();
+  EXPECT_TRUE(std::equal(d.begin(), d.begin() + plane, p.begin() + plane));
+}
+
 // Read mode on tcp: D reads P's region, P's receiver checks read grants.
 
 TEST_F(TcpTest, UngrantedReadIsRefusedCountedAndTheSourceStillWorks) {
