@@ -6,6 +6,7 @@
 function(kvrelay_test name)
   cmake_parse_arguments(T "PROC" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
+  target_compile_options(${name} PRIVATE ${KVRELAY_TEST_FLAGS})   # CMakeLists.txt says why
   target_link_libraries(${name} PRIVATE ${T_LIBS} rapidcheck_gtest rapidcheck
                         GTest::gtest GTest::gtest_main GTest::gmock)
   if(T_PROC)

@@ -114,8 +114,14 @@ TEST_F(EngineActorTest, StepCountersAddUpEveryStep) {
   Start(Duration::Nanoseconds(1));
   auto stream = Submit(1);
   ASSERT_NE(stream, nullptr);
-  ASSERT_TRUE(Finished(*stream, milliseconds(10000)));
+  size_t cursor = 0;
+  std::vector<engine::TokenOut> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!stream->Wait(&cursor, &out, milliseconds(100))) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the request did not finish";
+  }
   EXPECT_EQ(stream->reason(), engine::FinishReason::kLength);
+  EXPECT_EQ(out.size(), 50u);
   actor_->Stop();
   const StepCounters& c = actor_->step_counters();
   // One prefill step and one step per further token (50 tokens).
