@@ -1190,7 +1190,9 @@ TEST_F(TcpStripeTest, ReadStripesGoOutInParallelOnTheirOwnStreams) {
       PutLe(answer.data(), tcp::kReadHeadMagic, 4);
       PutLe(answer.data() + 4, tcp::kReplyOk, 4);
       for (const auto& [src, bytes] : f.table) {
-        for (uint64_t i = 0; i < bytes; ++i) answer.push_back(static_cast<uint8_t>((src + i) % 251));
+        for (uint64_t i = 0; i < bytes; ++i) {
+          answer.push_back(static_cast<uint8_t>((src + i) % 251));
+        }
       }
       answer.resize(answer.size() + 8);
       PutLe(answer.data() + answer.size() - 8, tcp::kReplyMagic, 4);

@@ -178,7 +178,9 @@ void EngineActor::CountStep(std::chrono::steady_clock::duration work, Duration m
   step_counters_.steps.fetch_add(1, std::memory_order_relaxed);
   step_counters_.work_ns.fetch_add(work_ns, std::memory_order_relaxed);
   step_counters_.modelled_ns.fetch_add(modelled_ns, std::memory_order_relaxed);
-  if (modelled_ns > 0 && work_ns > modelled_ns) step_counters_.overruns.fetch_add(1, std::memory_order_relaxed);
+  if (modelled_ns > 0 && work_ns > modelled_ns) {
+    step_counters_.overruns.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void EngineActor::Dispatch() {
