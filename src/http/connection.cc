@@ -116,8 +116,17 @@ void Connection::Start() {
   });
 }
 
+// The server stops. A connection whose response is complete but not yet out
+// (a router's last "shutting down" event) keeps writing it: OnWritten then
+// ends it through ResponseWritten, which lingers because the host is stopping.
+// That is bounded by the write timeout and by Stop()'s wait. Any other
+// connection (idle, reading, or a response still open) closes now.
 void Connection::Shutdown() {
-  asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    const bool tail_pending = self->phase_ == Phase::kHandling && self->resp_ == Resp::kDone &&
+                              (self->writing_ || !self->out_.empty());
+    if (!tail_pending) self->Close();
+  });
 }
 
 void Connection::ArmTimer(Duration d) {

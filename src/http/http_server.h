@@ -128,7 +128,9 @@ class HttpServer {
   // threads (an engine's token stream) to do their HTTP side off them.
   void Post(std::function<void()> fn);
   // Idempotent. Waits for the threads; handlers still running on workers
-  // finish first (their exchanges write nothing).
+  // finish first (their exchanges write nothing). A response ended before
+  // Stop() is still written out (up to 2 s, then its connection closes);
+  // every other connection closes at once.
   void Stop();
 
   class Impl;

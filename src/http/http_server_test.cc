@@ -125,6 +125,14 @@ class HttpServerTest : public ::testing::Test {
         ex->End();
       }).detach();
     });
+    // A stream whose last bytes are far more than the socket buffers hold,
+    // ended at once: Stop() finds them still being written.
+    server_->Route("GET", "/tail", Run::kInline, [this](Request, std::shared_ptr<Exchange> ex) {
+      ex->StartStream(200, "application/octet-stream", "");
+      ex->Write(std::string(kTailBytes, 't') + "end");
+      ex->End();
+      tail_written_ = true;
+    });
     ASSERT_TRUE(server_->Start().ok());
     url_ = "http://127.0.0.1:" + std::to_string(server_->port());
   }
@@ -136,6 +144,8 @@ class HttpServerTest : public ::testing::Test {
   std::string url_;
   std::atomic<int> gone_{0};
   std::vector<std::shared_ptr<Exchange>> hung_;
+  std::atomic<bool> tail_written_{false};
+  static constexpr size_t kTailBytes = 32u << 20;
 };
 
 TEST_F(HttpServerTest, RoutesAnswerAndUnknownOnesAre404Or405) {
@@ -346,6 +356,25 @@ TEST_F(HttpServerTest, StopEndsHungRequestsAndTheirClientsLearnIt) {
   t.join();
   EXPECT_EQ(gone_.load(), 1);
   hung_[0]->Respond(200, "text/plain", "late");   // after Stop: does nothing
+}
+
+// A response ended before Stop() reaches its client whole, even though its
+// bytes were still on their way out (the router's last "shutting down" event
+// to a streaming client is written just before it stops its server).
+TEST_F(HttpServerTest, StopLetsAnEndedResponseFinishWriting) {
+  ServerLimits l;
+  l.max_stream_backlog_bytes = 2 * kTailBytes;   // the tail is queued whole
+  StartServer(l);
+  RawClient c(server_->port());
+  ASSERT_TRUE(c.Send("GET /tail HTTP/1.1\r\nHost: x\r\n\r\n"));
+  for (int i = 0; i < 200 && !tail_written_.load(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(tail_written_.load());
+  std::thread stop([&] { server_->Stop(); });
+  bool closed = false;
+  const std::string got = c.ReadUntil("end\r\n0\r\n\r\n", 10000ms, &closed);
+  stop.join();
+  EXPECT_NE(got.find("end\r\n0\r\n\r\n"), std::string::npos)
+      << got.size() << " bytes of " << kTailBytes << "; closed early: " << closed;
 }
 
 // Nothing is served, and Start does not return, before every I/O and
