@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "core/release_rule.h"
 #include "router/leg_bodies.h"
 #include "server/completion_response.h"
 
@@ -108,9 +109,26 @@ void RelayLogic::AppendTail() {
   }
 }
 
+RequestVerdict RelayLogic::verdict() const {
+  switch (outcome_) {
+    case Outcome::kPending: return RequestVerdict::kOpen;
+    case Outcome::kOk: return RequestVerdict::kSucceeded;
+    case Outcome::kShutdown: return RequestVerdict::kShutdown;
+    case Outcome::kRejected: return RequestVerdict::kRejected;
+    case Outcome::kClientDisconnect:
+    case Outcome::kPrefillFailed:
+    case Outcome::kDecodeFailed:
+    case Outcome::kBadRequest:
+    case Outcome::kQueueWaitExpired:
+    case Outcome::kAborted:
+      return RequestVerdict::kFailed;
+  }
+  KV_CHECK_MSG(false, "an outcome without a verdict");
+  return RequestVerdict::kFailed;
+}
+
 bool RelayLogic::release_prefill() const {
-  return p_done_ && !p_refused_ && decided() && outcome_ != Outcome::kOk &&
-         outcome_ != Outcome::kShutdown && outcome_ != Outcome::kRejected;
+  return RouterReleasesPrefill(p_done_, !p_refused_, verdict());
 }
 
 void RelayLogic::PrefillEnded(const LegEnd& end) {

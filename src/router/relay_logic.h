@@ -56,6 +56,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/release_rule.h"
 #include "router/sse_splitter.h"
 
 namespace kvrelay::router {
@@ -132,8 +133,11 @@ class RelayLogic {
   // The leg should be stopped now (stays true once set).
   bool cancel_prefill() const { return cancel_p_; }
   bool cancel_decode() const { return cancel_d_; }
-  // P's transfer should be ended at P (see "Release" above); stays true.
+  // P's transfer should be ended at P (see "Release" above, the rule is
+  // core/release_rule.h's); stays true.
   bool release_prefill() const;
+  // The outcome as the release rule sees it.
+  RequestVerdict verdict() const;
   // The client's response may be committed: an outcome is known, or (a
   // stream) events wait to be written.
   bool ReadyToCommit() const;

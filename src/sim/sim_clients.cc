@@ -118,13 +118,12 @@ void Simulator::RankAbort(uint32_t request, uint32_t engine, uint32_t rank) {
   DrainRank(engine, rank);
 }
 
+// The router's release, by the rule it runs (core/release_rule.h). A P that
+// refused the leg (a duplicate transfer id: an error status at the router)
+// did not admit it: the transfer is not this request's to end.
 void Simulator::MaybeRelease(uint32_t request) {
   Client& c = clients_[request];
-  if (c.release_sent || !c.p_ended || !c.d_ended) return;
-  if (c.p_ok && c.outcome == LegOutcome::kOk) return;
-  // P refused the leg (a duplicate transfer id: an error status at the
-  // router): the transfer is not this request's to end.
-  if (!c.p_admitted) return;
+  if (c.release_sent || !RouterReleasesPrefill(c.p_ended, c.p_admitted, c.verdict)) return;
   c.release_sent = true;
   queue_.Push(Event{now_ + NetDelay(), 0, EventKind::kRelease, request, c.p, 0,
                     nodes_[c.p].incarnation});
@@ -167,7 +166,10 @@ void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) 
   if (nodes_[engine].producer) {
     if (c.p_ended) Violation("P leg of request " + std::to_string(request) + " ended twice");
     c.p_ended = true;
-    c.p_ok = outcome == LegOutcome::kOk;
+    // P's leg failing is decisive; its ending well decides nothing.
+    if (outcome != LegOutcome::kOk && c.verdict == RequestVerdict::kOpen) {
+      c.verdict = RequestVerdict::kFailed;
+    }
     // The router: a failed P leg makes D release at once — once P's error
     // response has reached the router.
     if (outcome != LegOutcome::kOk && !c.d_ended) SendAbort(request, c.d, NetDelay());
@@ -175,6 +177,9 @@ void Simulator::LegEnded(uint32_t engine, uint32_t request, LegOutcome outcome) 
     if (c.d_ended) Violation("D leg of request " + std::to_string(request) + " ended twice");
     c.d_ended = true;
     c.outcome = outcome;
+    if (c.verdict == RequestVerdict::kOpen) {
+      c.verdict = outcome == LegOutcome::kOk ? RequestVerdict::kSucceeded : RequestVerdict::kFailed;
+    }
     // ...and a D leg that fails makes P drop the request at once (while
     // P's leg is open: a cancel; after it, the release below).
     if (outcome != LegOutcome::kOk && !c.p_ended) SendAbort(request, c.p);

@@ -59,6 +59,7 @@
 
 #include "base/prng.h"
 #include "core/rank_session.h"
+#include "core/release_rule.h"
 #include "sim/coverage.h"
 #include "sim/event_queue.h"
 #include "engine/engine.h"
@@ -147,8 +148,8 @@ class Simulator {
     uint32_t max_tokens = 1;
     std::vector<engine::TokenOut> p_tokens, d_tokens;
     bool p_ended = false, d_ended = false;
-    bool p_ok = false;          // P's leg ended well
     bool release_sent = false;  // the router's POST /kv_release went out
+    RequestVerdict verdict = RequestVerdict::kOpen;   // the router's, first decisive leg end
     std::optional<LegOutcome> outcome;   // the D leg's, as the client sees it
     bool abort_sent = false;
     bool p_arrived = false, d_arrived = false;
