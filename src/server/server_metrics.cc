@@ -210,20 +210,20 @@ ServerMetrics::ServerMetrics() {
   r.AddSecondsCounterFn("kvrelay_kv_import_seconds_total",
                         "D: time the model spent taking landed KV in (llama.cpp engines)", {},
                         [s] { return static_cast<double>(s->engine.kv_copy.import_ns) / 1e9; });
-  counter("kvrelay_engine_steps_total", "engine steps run", {}, [s] { return s->steps[0]; });
+  counter("kvrelay_engine_steps_total", "engine steps run", {}, [s] { return s->steps.steps; });
   r.AddSecondsCounterFn(
       "kvrelay_engine_step_work_seconds_total",
       "time the engine thread spent inside its steps (the batch's KV bytes, the model's "
       "compute); a step lasts at least its modelled compute",
-      {}, [s] { return static_cast<double>(s->steps[1]) / 1e9; });
+      {}, [s] { return static_cast<double>(s->steps.work_ns) / 1e9; });
   r.AddSecondsCounterFn("kvrelay_engine_step_modelled_seconds_total",
                         "compute time the steps asked for: --step-base-us + --step-per-token-us "
                         "per token (0 on llama.cpp engines, whose compute is their work)",
-                        {}, [s] { return static_cast<double>(s->steps[2]) / 1e9; });
+                        {}, [s] { return static_cast<double>(s->steps.modelled_ns) / 1e9; });
   counter("kvrelay_engine_step_overruns_total",
           "steps whose work outlasted their modelled compute (emulated model): the host, "
           "not the model, set their length",
-          {}, [s] { return s->steps[3]; });
+          {}, [s] { return s->steps.overruns; });
   const char* kTrHelp = "live sends (P), by state, summed over ranks";
   for (SendState st : {SendState::kWaiting, SendState::kStreaming, SendState::kReady,
                         SendState::kDone}) {
@@ -415,10 +415,10 @@ std::string ServerMetrics::Render(runtime::Node& node) {
     for (int i = 0; i < kWireLimitCount; ++i) snap_.over_limit[i] += c.over_limit[i].load();
   }
   const runtime::StepCounters& sc = node.engine().step_counters();
-  snap_.steps[0] = sc.steps.load();
-  snap_.steps[1] = sc.work_ns.load();
-  snap_.steps[2] = sc.modelled_ns.load();
-  snap_.steps[3] = sc.overruns.load();
+  snap_.steps.steps = sc.steps.load();
+  snap_.steps.work_ns = sc.work_ns.load();
+  snap_.steps.modelled_ns = sc.modelled_ns.load();
+  snap_.steps.overruns = sc.overruns.load();
   const net::TransportStats& ts = node.transport().stats();
   snap_.transport[0] = ts.writes_refused.load();
   snap_.transport[1] = ts.frames_malformed.load();

@@ -70,8 +70,10 @@ class ServerMetrics {
     std::vector<uint64_t> rank_counters;
     uint64_t transport[6] = {};
     uint64_t over_limit[kWireLimitCount] = {};
-    // runtime::StepCounters: steps, work_ns, modelled_ns, overruns.
-    uint64_t steps[4] = {};
+    // runtime::StepCounters, read once per render.
+    struct Steps {
+      uint64_t steps = 0, work_ns = 0, modelled_ns = 0, overruns = 0;
+    } steps;
   };
   std::function<http::ServerStats()> http_stats_;
   MetricsRegistry registry_;
