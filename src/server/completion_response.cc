@@ -15,11 +15,11 @@ std::string Dump(const Json& j) {
 }
 
 Json Choice(std::span<const engine::Token> tokens, std::span<const uint64_t> versions,
-            std::optional<engine::FinishReason> finish, const TextCodec* codec) {
+            std::optional<engine::FinishReason> finish, std::string_view text) {
   KV_CHECK_EQ(tokens.size(), versions.size());
   Json c;
   c["index"] = 0;
-  c["text"] = DecodeText(codec, tokens);
+  c["text"] = text;
   c["token_ids"] = Json::array();
   for (engine::Token t : tokens) c["token_ids"].push_back(t);
   c["weights_versions"] = Json::array();
@@ -56,7 +56,8 @@ std::string_view FinishReasonName(engine::FinishReason reason) {
 
 std::string CompletionJson(const CompletionResult& r) {
   Json j = Head(r.id, r.model, r.created_s);
-  j["choices"] = Json::array({Choice(r.tokens, r.weights_versions, r.finish_reason, r.codec)});
+  j["choices"] = Json::array(
+      {Choice(r.tokens, r.weights_versions, r.finish_reason, DecodeText(r.codec, r.tokens))});
   const uint64_t completion = r.tokens.size();
   j["usage"] = {{"prompt_tokens", r.prompt_tokens},
                 {"completion_tokens", completion},
@@ -81,9 +82,9 @@ std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t
                             std::span<const engine::Token> tokens,
                             std::span<const uint64_t> weights_versions,
                             std::optional<engine::FinishReason> finish_reason,
-                            const TextCodec* codec) {
+                            std::string_view text) {
   Json j = Head(id, model, created_s);
-  j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason, codec)});
+  j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason, text)});
   return Dump(j);
 }
 

@@ -60,12 +60,15 @@ std::string CompletionJson(const CompletionResult& result);
 
 // One streamed chunk: the same shape without usage/kv_transfer_params; the
 // tokens since the last chunk; finish_reason null until the last chunk.
+// `text` is the chunk's text: its tokens decoded, cut between characters by
+// the request's Utf8Stream (a character split over two chunks comes whole in
+// the second), so the chunks' texts add up to the whole response's text.
 // REQUIRES: tokens.size() == weights_versions.size().
 std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t created_s,
                             std::span<const engine::Token> tokens,
                             std::span<const uint64_t> weights_versions,
                             std::optional<engine::FinishReason> finish_reason,
-                            const TextCodec* codec = nullptr);
+                            std::string_view text);
 
 // The chunk after the last choice chunk when the request set
 // stream_options.include_usage (OpenAI's shape): "choices": [] and usage.

@@ -148,12 +148,12 @@ TEST(CompletionResponseTest, InvalidUtf8IsReplacedNotThrown) {
 TEST(CompletionResponseTest, StreamChunks) {
   const std::vector<Token> toks{9};
   const std::vector<uint64_t> vers{3};
-  EXPECT_EQ(StreamChunkJson("cmpl-1", "tiny", 5, toks, vers, std::nullopt),
+  EXPECT_EQ(StreamChunkJson("cmpl-1", "tiny", 5, toks, vers, std::nullopt, " t9"),
             R"({"id":"cmpl-1","object":"text_completion","created":5,"model":"tiny",)"
             R"("choices":[{"index":0,"text":" t9","token_ids":[9],"weights_versions":[3],)"
             R"("finish_reason":null,"logprobs":null}]})");
   const json last = json::parse(
-      StreamChunkJson("cmpl-1", "tiny", 5, {}, {}, FinishReason::kLength));
+      StreamChunkJson("cmpl-1", "tiny", 5, {}, {}, FinishReason::kLength, ""));
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(last["choices"][0]["token_ids"].empty());
   EXPECT_EQ(last["choices"][0]["text"], "");
@@ -164,7 +164,7 @@ TEST(CompletionResponseTest, SseFraming) {
   EXPECT_EQ(SseEvent(R"({"a":1})"), "data: {\"a\":1}\n\n");
   EXPECT_EQ(SseDone(), "data: [DONE]\n\n");
   // A chunk round-trips through the framing.
-  const std::string ev = SseEvent(StreamChunkJson("i", "m", 1, {}, {}, std::nullopt));
+  const std::string ev = SseEvent(StreamChunkJson("i", "m", 1, {}, {}, std::nullopt, ""));
   ASSERT_TRUE(ev.starts_with("data: "));
   ASSERT_TRUE(ev.ends_with("\n\n"));
   const std::string payload = ev.substr(6, ev.size() - 8);

@@ -18,6 +18,8 @@
 #include "server/open_requests.h"
 #include "server/refused_handoff.h"
 #include "server/server_metrics.h"
+#include "server/text_codec.h"
+#include "server/utf8_stream.h"
 
 namespace kvrelay::server {
 
@@ -89,6 +91,7 @@ struct Pending {
   std::vector<engine::Token> tokens GUARDED_BY(mu);
   std::vector<uint64_t> versions GUARDED_BY(mu);
   bool stream_started GUARDED_BY(mu) = false;
+  Utf8Stream text GUARDED_BY(mu);   // stream mode: chunk texts cut between characters
   bool finished GUARDED_BY(mu) = false;   // answered, or the client left
   std::optional<ClientSlots::Lease> slot GUARDED_BY(mu);   // freed when finished
 };
@@ -446,17 +449,19 @@ void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
         ex.StartStream(200, "text/event-stream", ": keep-alive\n\n");
         p->stream_started = true;
       }
+      std::string text = p->text.Take(DecodeText(limits.codec, toks));
+      if (done) text += p->text.Flush();
       if (failed) {
-        if (!toks.empty()) {
+        if (!toks.empty() || !text.empty()) {
           out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, std::nullopt,
-                                          limits.codec));
+                                          text));
         }
         out += SseEvent(ErrorJson(error, "server_error", 503));
       } else if (done || !toks.empty()) {
         std::optional<engine::FinishReason> finish;
         if (done) finish = reason;
-        out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish,
-                                        limits.codec));
+        out += SseEvent(
+            StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish, text));
       }
       if (done && p->include_usage) {
         out += SseEvent(StreamUsageJson(p->id, p->model, p->created_s, p->prompt_tokens,
