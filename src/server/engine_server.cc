@@ -1,7 +1,10 @@
 #include "server/engine_server.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "base/mutex.h"
@@ -27,6 +30,10 @@ using nlohmann::json;
 using kvrelay::Log;
 
 namespace {
+
+// At a stop, how long the open requests' responses get to be written after
+// the drain aborted them (their pumps run on the HTTP threads).
+constexpr Duration kLastWordsWait = Duration::Seconds(1);
 
 int HttpStatusFor(const Status& s) {
   switch (s.code()) {
@@ -223,9 +230,16 @@ void EngineServer::Stop() {
     impl.stopped = true;
   }
   impl_->stopping = true;
-  // Drain first so open streams finish (aborted) and P answers its pulls;
-  // then stop the listener, which closes what is left.
+  // Drain first so open streams finish (aborted) and P answers its pulls.
+  // Each response's last words (an aborted stream's finish_reason "abort"
+  // and data: [DONE]) are written by a pump posted to the HTTP threads: wait
+  // for those to have run, briefly, then stop the listener, which writes out
+  // what ended and closes what is left.
   impl_->node->Shutdown(Duration::Seconds(5));
+  const Instant until = kvrelay::MonoNow() + kLastWordsWait;
+  while (impl_->open_requests.open() > 0 && kvrelay::MonoNow() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   impl_->http->Stop();
   impl_->stop_cv.NotifyAll();
 }

@@ -15,7 +15,8 @@
 //                            ucx), ZeroMQ without it, garbage on P's lane;
 //                            small tcp writes on P's rank thread.
 //   PeerDeathTest            P killed: D answers by --peer-dead-after-s.
-//   ShutdownTest             SIGTERM drains and exits 0.
+//   ShutdownTest             SIGTERM drains and exits 0; open streams end
+//                            with finish_reason "abort" and data: [DONE].
 //   ShutdownUnderLoadTest    ... also while clients keep coming.
 //
 // Run against another build: KVRELAY_BIN=/path/to/kvrelay. Only these:
@@ -1500,6 +1501,39 @@ TEST_F(ShutdownTest, SigtermDrainsAndExitsZero) {
   EXPECT_TRUE(WIFEXITED(*p_status) && WEXITSTATUS(*p_status) == 0) << "P status " << *p_status;
   const std::string log = d_->proc().ReadLog();
   EXPECT_NE(log.find("stopped"), std::string::npos) << "D's log has no 'stopped'";
+}
+
+// SIGTERM with clients mid-stream: each stream ends as an aborted request
+// does — a last chunk with finish_reason "abort", then data: [DONE] — not
+// with a cut connection, and the engine exits 0.
+TEST_F(ShutdownTest, SigtermEndsOpenStreamsWithAbortAndDone) {
+  EngineConfig c;
+  c.name = "plain";
+  c.role = "plain";
+  c.extra = {"--step-base-us", "5000"};
+  std::string err;
+  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  ASSERT_NE(e, nullptr) << err;
+  constexpr int kClients = 4;
+  std::vector<std::unique_ptr<RawHttp>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<RawHttp>());
+    ASSERT_TRUE(clients.back()->Connect(e->http_port()));
+    json body = PlainBody(RandomPrompt(rng_, 20 + 10 * i), 400);
+    body["stream"] = true;
+    ASSERT_TRUE(clients.back()->Send("POST", "/v1/completions", body.dump()));
+  }
+  for (auto& cl : clients) ASSERT_EQ(cl->ReadStatus(10s), 200);
+  e->proc().Kill(SIGTERM);
+  for (int i = 0; i < kClients; ++i) {
+    const std::string rest = clients[static_cast<size_t>(i)]->ReadRest(10s);
+    EXPECT_NE(rest.find("\"finish_reason\":\"abort\""), std::string::npos)
+        << "client " << i << ": " << rest.substr(rest.size() > 600 ? rest.size() - 600 : 0);
+    EXPECT_NE(rest.find("data: [DONE]"), std::string::npos) << "client " << i;
+  }
+  std::optional<int> st = e->proc().Wait(10s);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
 }
 
 // SIGTERM while clients keep coming — completions, /health, /debug/state,
