@@ -988,10 +988,10 @@ TEST(LlamaPdServeTest, BenchLoadJudgesOutputsAgainstTheGivenModel) {
 // A stream's chunk decodes its own tokens; a character whose bytes are byte
 // tokens (<0xC3><0xA9>) can fall across two chunks. Each chunk's text is cut
 // between characters, so a client appending chunk texts (as the SDKs do)
-// gets the non-streamed text, not "\uFFFD\uFFFD". The run counts the
-// requests whose stream split a character (the case under test) and needs
-// one: sampled at temperature 0.8 from a byte-level vocabulary, 40 requests
-// of 32 tokens have many.
+// gets the non-streamed text, not "\uFFFD\uFFFD". The run counts the texts
+// with characters beyond ASCII, where a split can happen, and needs one:
+// sampled at temperature 0.8 from the test model's vocabulary, all 40 have
+// them, and with the cut disabled 10 of 40 streams differ.
 TEST(LlamaServeTest, StreamedTextEqualsWholeText) {
   ASSERT_TRUE(Models::ready());
   std::unique_ptr<Engine> e = StartLlama("llama", Models::Path("v1"));
