@@ -50,7 +50,8 @@ TEST(Utf8StreamTest, BytesThatAreNotUtf8PassThrough) {
 // are the text.
 RC_GTEST_PROP(Utf8StreamProperty, PiecesOfValidTextComeOutValidAndWhole, ()) {
   const std::vector<uint32_t> code_points = *rc::gen::container<std::vector<uint32_t>>(
-      rc::gen::oneOf(rc::gen::inRange<uint32_t>(0x20, 0x80), rc::gen::inRange<uint32_t>(0x80, 0x800),
+      rc::gen::oneOf(rc::gen::inRange<uint32_t>(0x20, 0x80),
+                     rc::gen::inRange<uint32_t>(0x80, 0x800),
                      rc::gen::inRange<uint32_t>(0x800, 0xD800),
                      rc::gen::inRange<uint32_t>(0x10000, 0x110000)));
   std::string text;
