@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -57,10 +58,23 @@ class EngineActorTest : public ::testing::Test {
     return stream;
   }
   // True if `s` finished within `timeout`.
-  static bool Finished(RequestStream& s, milliseconds timeout) {
+  // True once `s` finished (its every token read) within `timeout`; its
+  // tokens go to *out. One Wait returns early when tokens arrive, so this
+  // waits again until the finish or the timeout.
+  static bool Finished(RequestStream& s, milliseconds timeout,
+                       std::vector<engine::TokenOut>* out = nullptr) {
     size_t cursor = 0;
-    std::vector<engine::TokenOut> out;
-    return s.Wait(&cursor, &out, timeout);
+    std::vector<engine::TokenOut> got;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (s.Wait(&cursor, &got, std::max(left, milliseconds(0)))) {
+        if (out != nullptr) *out = std::move(got);
+        return true;
+      }
+      if (left <= milliseconds(0)) return false;
+    }
   }
 
   std::vector<uint8_t> region_;
@@ -114,12 +128,8 @@ TEST_F(EngineActorTest, StepCountersAddUpEveryStep) {
   Start(Duration::Nanoseconds(1));
   auto stream = Submit(1);
   ASSERT_NE(stream, nullptr);
-  size_t cursor = 0;
   std::vector<engine::TokenOut> out;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!stream->Wait(&cursor, &out, milliseconds(100))) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the request did not finish";
-  }
+  ASSERT_TRUE(Finished(*stream, milliseconds(10000), &out)) << "the request did not finish";
   EXPECT_EQ(stream->reason(), engine::FinishReason::kLength);
   EXPECT_EQ(out.size(), 50u);
   actor_->Stop();
