@@ -54,6 +54,16 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// A plain engine (neither P nor D) with `extra` flags; nullptr, with *err
+// saying why, if it did not come up.
+std::unique_ptr<Engine> StartPlain(std::vector<std::string> extra, std::string* err) {
+  EngineConfig c;
+  c.name = "plain";
+  c.role = "plain";
+  c.extra = std::move(extra);
+  return Engine::Start(c, err);
+}
+
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -968,11 +978,8 @@ TEST_F(HttpErrorsTest, BadRequestsGet4xxAndTheEngineKeepsServing) {
 // A router opens many connections at once. Each must be accepted at once:
 // a SYN the listen queue drops is retried by the client only after 1 s.
 TEST(HttpConnectionsTest, BurstOfConnectionsIsAcceptedPromptly) {
-  EngineConfig c;
-  c.name = "plain";
-  c.role = "plain";
   std::string err;
-  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  std::unique_ptr<Engine> e = StartPlain({}, &err);
   ASSERT_NE(e, nullptr) << err;
   constexpr int kClients = 32;
   std::vector<HttpReply> replies(kClients);
@@ -1113,12 +1120,8 @@ TEST_F(AdminTest, LifecycleCallsUnderNoLoad) {
 // before the outcome was known), and the engine counts it; resume serves the
 // next request as usual.
 TEST_F(AdminTest, ARequestQueuedBehindAPauseEndsAtMaxQueueWait) {
-  EngineConfig c;
-  c.name = "plain";
-  c.role = "plain";
-  c.extra = {"--max-queue-wait-s", "1"};
   std::string err;
-  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  std::unique_ptr<Engine> e = StartPlain({"--max-queue-wait-s", "1"}, &err);
   ASSERT_NE(e, nullptr) << err;
   Call(*e, "/pause?mode=keep");
   const Tokens prompt = RandomPrompt(rng_, 40);
@@ -1142,11 +1145,8 @@ TEST_F(AdminTest, ARequestQueuedBehindAPauseEndsAtMaxQueueWait) {
 
 // The same calls on a plain engine serving plain requests.
 TEST_F(AdminTest, PlainEngineUpdateWeights) {
-  EngineConfig c;
-  c.name = "plain";
-  c.role = "plain";
   std::string err;
-  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  std::unique_ptr<Engine> e = StartPlain({}, &err);
   ASSERT_NE(e, nullptr) << err;
   const Tokens prompt = RandomPrompt(rng_, 50);
   auto check = [&](uint64_t version, uint32_t n) {
@@ -1179,12 +1179,8 @@ TEST_F(AdminTest, PlainEngineUpdateWeights) {
 // request's id only after Submit returned, so this abort found nothing and
 // the request ran to its end (server/open_requests.h).
 TEST_F(AdminTest, AbortOfARequestBeingSubmittedIsNotLost) {
-  EngineConfig c;
-  c.name = "plain";
-  c.role = "plain";
-  c.extra = {"--busy-steps", "--step-base-us", "2000000"};
   std::string err;
-  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  std::unique_ptr<Engine> e = StartPlain({"--busy-steps", "--step-base-us", "2000000"}, &err);
   ASSERT_NE(e, nullptr) << err;
   const Tokens prompt_a = RandomPrompt(rng_, 8), prompt_b = RandomPrompt(rng_, 8);
   HttpReply a, b, abort;
@@ -1507,12 +1503,8 @@ TEST_F(ShutdownTest, SigtermDrainsAndExitsZero) {
 // does — a last chunk with finish_reason "abort", then data: [DONE] — not
 // with a cut connection, and the engine exits 0.
 TEST_F(ShutdownTest, SigtermEndsOpenStreamsWithAbortAndDone) {
-  EngineConfig c;
-  c.name = "plain";
-  c.role = "plain";
-  c.extra = {"--step-base-us", "5000"};
   std::string err;
-  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  std::unique_ptr<Engine> e = StartPlain({"--step-base-us", "5000"}, &err);
   ASSERT_NE(e, nullptr) << err;
   constexpr int kClients = 4;
   std::vector<std::unique_ptr<RawHttp>> clients;
@@ -1595,12 +1587,8 @@ class ShutdownUnderLoadTest : public ServeFixture {
 };
 
 TEST_F(ShutdownUnderLoadTest, PlainEngine) {
-  EngineConfig c;
-  c.name = "plain";
-  c.role = "plain";
-  c.extra = {"--step-per-token-us", "200"};
   std::string err;
-  std::unique_ptr<Engine> e = Engine::Start(c, &err);
+  std::unique_ptr<Engine> e = StartPlain({"--step-per-token-us", "200"}, &err);
   ASSERT_NE(e, nullptr) << err;
   HammerThenTerm(*e, [&](int, std::mt19937_64& rng) {
     e->Post("/v1/completions", PlainBody(RandomPrompt(rng, 1 + rng() % 200), 16), 5s);
