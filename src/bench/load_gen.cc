@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "http/http_client.h"
+#include "os/clock.h"
 #include "router/sse_splitter.h"
 
 namespace kvrelay {
@@ -23,10 +24,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 Percentiles Summarize(std::vector<double> v) {
   Percentiles p;
@@ -148,12 +145,12 @@ Outcome RunOne(const std::string& url, const Spec& spec, const std::string& requ
       for (size_t k = 0; k < ids.size() && k < vers.size(); ++k) {
         toks.push_back(engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
       }
-      if (out.ttft_s < 0 && !ids.empty()) out.ttft_s = Since(t0);
+      if (out.ttft_s < 0 && !ids.empty()) out.ttft_s = SecondsSince(t0);
       if (c.contains("finish_reason") && c["finish_reason"].is_string()) {
         reason = c["finish_reason"].get<std::string>();
       }
     }
-    return Since(t0) < timeout_s;
+    return SecondsSince(t0) < timeout_s;
   };
   http::ClientOptions opts;
   opts.connect_timeout = Duration::Seconds(10);
@@ -186,7 +183,7 @@ Outcome RunOne(const std::string& url, const Spec& spec, const std::string& requ
     watch.cv.NotifyAll();
     watchdog.join();
   }
-  out.e2e_s = Since(t0);
+  out.e2e_s = SecondsSince(t0);
   if (cut_by_us) {
     out.fate = Fate::kDisconnected;
     return out;
@@ -334,7 +331,7 @@ ControlOutcome Call(const std::string& engine_url, const std::string& token,
   http::ClientOptions opts;
   opts.idle_timeout = Duration::Seconds(900);
   Result<http::ClientResponse> r = http::Fetch(engine_url, std::move(req), opts);
-  c.latency_s = Since(t0);
+  c.latency_s = SecondsSince(t0);
   if (!r.ok()) {
     c.detail = r.status().message();
     return c;
@@ -425,7 +422,7 @@ LoadReport RunLoad(const LoadOptions& o) {
       while (true) {
         const uint32_t i = next.fetch_add(1);
         if (i >= o.requests) return;
-        if (o.duration_s > 0 && Since(t0) >= o.duration_s) return;
+        if (o.duration_s > 0 && SecondsSince(t0) >= o.duration_s) return;
         started[i] = 1;
         const Spec spec = MakeSpec(o, i, shape.vocab);
         in_flight[i] = 1;
@@ -480,7 +477,7 @@ LoadReport RunLoad(const LoadOptions& o) {
         const auto lag = second ? gap : std::chrono::milliseconds(0);
         ts.emplace_back([&, e, lag] {
           std::this_thread::sleep_for(lag);
-          ControlOutcome r = Call(e, o.auth_token, c.call, c.params, Since(t0), some_ids);
+          ControlOutcome r = Call(e, o.auth_token, c.call, c.params, SecondsSince(t0), some_ids);
           r.call = label;
           MutexLock lock(&controls_mu);
           rep.controls.push_back(r);
@@ -499,7 +496,7 @@ LoadReport RunLoad(const LoadOptions& o) {
                              : (state == "sleeping" || state == "kv_released") ? "wake_up"
                                                                               : nullptr;
           if (back == nullptr) continue;
-          ControlOutcome r = Call(e, o.auth_token, back, {}, Since(t0));
+          ControlOutcome r = Call(e, o.auth_token, back, {}, SecondsSince(t0));
           MutexLock lock(&controls_mu);
           rep.controls.push_back(r);
         }
@@ -511,7 +508,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   while (done.load() < o.requests && clients_left.load() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     static thread_local double last = 0;
-    const double now_s = Since(t0);
+    const double now_s = SecondsSince(t0);
     if (o.progress && now_s - last >= 1.0) {
       last = now_s;
       std::fprintf(stderr, "%s[%5.1fs] %u/%u done: %u ok, %u clean errors, %u disconnected, "
@@ -524,7 +521,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   }
   for (auto& t : clients) t.join();
   control.join();
-  rep.duration_s = Since(t0);
+  rep.duration_s = SecondsSince(t0);
   if (o.progress && tty) std::fprintf(stderr, "\n");
 
   std::vector<double> ttft, tpot, e2e;
@@ -571,7 +568,7 @@ LoadReport RunLoad(const LoadOptions& o) {
     std::string last = "no answer";
     int64_t last_blocks = -1;
     bool idle = false;
-    while (Since(idle_t0) < o.idle_timeout_s) {
+    while (SecondsSince(idle_t0) < o.idle_timeout_s) {
       auto st = GetJson(e, "/debug/state", o.auth_token);
       if (st.ok()) {
         const json& eng = (*st)["engine"];
@@ -589,7 +586,7 @@ LoadReport RunLoad(const LoadOptions& o) {
     }
     rep.blocks_left.push_back({e, last_blocks});
     check("engine " + e + " idle, pool empty", idle,
-          idle ? "after " + std::to_string(Since(idle_t0)).substr(0, 5) + " s" : last);
+          idle ? "after " + std::to_string(SecondsSince(idle_t0)).substr(0, 5) + " s" : last);
   }
 
   // Probes: exact reference output under the engines' weights.

@@ -27,6 +27,7 @@
 
 #include "bench/raw_helper.h"
 #include "net/stripe_plan.h"
+#include "os/clock.h"
 
 namespace kvrelay::bench {
 namespace {
@@ -38,10 +39,6 @@ using Clock = std::chrono::steady_clock;
 // pools and of the mapping, the socket's buffers), so the timed pass
 // measures the mechanism, not first touches.
 constexpr int kPasses = 2;
-
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 }  // namespace
 
@@ -94,7 +91,7 @@ Result<std::vector<double>> RawShmCopy(const std::vector<RawTransfer>& transfers
       for (const net::Segment& s : t) {
         std::memcpy(d + s.dst_offset, src->data() + s.src_offset, s.bytes);
       }
-      if (pass == kPasses - 1) seconds.push_back(Since(t0));
+      if (pass == kPasses - 1) seconds.push_back(SecondsSince(t0));
     }
   }
   Status verdict = child->FinishAndCompare(raw::HashSrc(src->data(), transfers.back()));
@@ -199,7 +196,7 @@ Result<std::vector<double>> RawTcpStream(const std::vector<RawTransfer>& transfe
         failed = UnavailableError(raw::Errno("tcp baseline: stream"));
         break;
       }
-      if (pass == kPasses - 1) seconds.push_back(Since(t0));
+      if (pass == kPasses - 1) seconds.push_back(SecondsSince(t0));
     }
   }
   for (int fd : fds) close(fd);
@@ -262,7 +259,7 @@ Result<std::vector<double>> ZmqRoundTrips(uint32_t samples, uint32_t payload_byt
         failed = UnavailableError("zmq baseline: round trip failed");
         break;
       }
-      if (i >= warmup) seconds.push_back(Since(t0));
+      if (i >= warmup) seconds.push_back(SecondsSince(t0));
     }
     zmq_send(dealer, nullptr, 0, 0);  // quit
   }

@@ -20,6 +20,7 @@
 #include "cli/local_cluster.h"
 #include "engine/model.h"
 #include "http/http_client.h"
+#include "os/clock.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -27,9 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 void SleepUntil(Clock::time_point t0, double at_s) {
   std::this_thread::sleep_until(
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at_s)));
@@ -75,7 +73,7 @@ double MeasureRecovery(const std::string& router, const std::string& d_url, bool
   const http::Client cli(router, http::ClientOptions::Timeouts(Duration::Seconds(1),
                                                                Duration::Seconds(10)));
   bool served = false;
-  for (uint64_t attempt = 0; Since(t0) < limit_s; ++attempt) {
+  for (uint64_t attempt = 0; SecondsSince(t0) < limit_s; ++attempt) {
     if (!served) {
       // A fresh prompt each time: a prefix-cache hit on D would prove nothing.
       Prng prng(Mix64(seed * 0x9E3779B97F4A7C15ull + attempt));
@@ -100,7 +98,7 @@ double MeasureRecovery(const std::string& router, const std::string& d_url, bool
         }
       }
     }
-    if (served && (!require_kv || LoadsOk(d_url) > base)) return Since(t0);
+    if (served && (!require_kv || LoadsOk(d_url) > base)) return SecondsSince(t0);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return -1;
@@ -160,7 +158,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   row.bounds.recover_bound_s = o.recover_bound_s;
   auto finish = [&] {
     row.verdict = JudgeChaos(m, row.bounds);
-    row.wall_s = Since(wall0);
+    row.wall_s = SecondsSince(wall0);
     return row;
   };
   if (partition) {
@@ -233,7 +231,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     const pid_t pid = cluster.Pid(name);
     (void)cluster.Kill(name);
     killed.push_back(pid);
-    const double at = Since(t0);
+    const double at = SecondsSince(t0);
     std::this_thread::sleep_for(std::chrono::duration<double>(o.down_s));
     const Clock::time_point r0 = Clock::now();
     Status s = cluster.Restart(name, 30);
@@ -241,8 +239,8 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     RegisterChildPid(cluster.Pid(name));
     registered.push_back(cluster.Pid(name));
     row.fault_detail = "SIGKILL " + name + " at " + F1(at) + " s" + live + ", down " +
-                       F2(o.down_s) + " s, restarted in " + F2(Since(r0)) + " s";
-    fault_end_s = Since(t0);
+                       F2(o.down_s) + " s, restarted in " + F2(SecondsSince(r0)) + " s";
+    fault_end_s = SecondsSince(t0);
   };
   switch (c.kind) {
     case FaultKind::kKillP: kill_restart("prefill0", p_url); break;
@@ -262,7 +260,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
       }
       const std::string live = "P " + LiveOf(p_url) + ", D " + LiveOf(d_url);
       auto r = PortPartition::Cut(ports);
-      const double at = Since(t0);
+      const double at = SecondsSince(t0);
       if (!r.ok()) {
         m.setup_error = r.status().message();
         break;
@@ -274,7 +272,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
       if (c.kind == FaultKind::kPartitionHeal) {
         std::this_thread::sleep_for(std::chrono::duration<double>(o.partition_s));
         if (!cut->Heal()) m.setup_error = "nft could not remove the partition";
-        fault_end_s = Since(t0);
+        fault_end_s = SecondsSince(t0);
         row.fault_detail += ", healed at " + F1(fault_end_s) + " s";
       } else {
         row.fault_detail += ", never healed during the case";
@@ -284,7 +282,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     case FaultKind::kSlowD: {
       const pid_t d = cluster.Pid("decode0");
       const std::string live = LiveOf(d_url);
-      const double at = Since(t0);
+      const double at = SecondsSince(t0);
       const Clock::time_point until =
           Clock::now() + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(o.slow_s));
@@ -297,7 +295,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
         ++cycles;
       }
       kill(d, SIGCONT);
-      fault_end_s = Since(t0);
+      fault_end_s = SecondsSince(t0);
       row.fault_detail = "D stopped " + F1(o.slow_stop_ms) + " ms of every " +
                          F1(o.slow_stop_ms + o.slow_run_ms) + " ms from " + F1(at) + " s to " +
                          F1(fault_end_s) + " s (" + std::to_string(cycles) + " cycles; " +
@@ -327,7 +325,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     for (const Clock::time_point s0 = Clock::now();
          !(e.reachable && e.idle && e.blocks_used == 0 && e.live_sends == 0 &&
            e.live_loads == 0) &&
-         Since(s0) < row.bounds.send_bound_s;) {
+         SecondsSince(s0) < row.bounds.send_bound_s;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       e = ReadEngineEnd(name, url);
     }

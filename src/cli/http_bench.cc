@@ -20,6 +20,7 @@
 #include "cli/http_flags.h"
 #include "cli/local_cluster.h"
 #include "http/http_client.h"
+#include "os/clock.h"
 #include "router/sse_splitter.h"
 
 namespace kvrelay::cli {
@@ -28,10 +29,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 struct ProcSample {
   double rss_mib = -1;
@@ -80,7 +77,7 @@ class IdleConnections {
     const Clock::time_point t0 = Clock::now();
     std::vector<bool> up(fds_.size(), false);
     uint32_t connected = 0;
-    while (connected < fds_.size() && Since(t0) < timeout_s) {
+    while (connected < fds_.size() && SecondsSince(t0) < timeout_s) {
       std::vector<pollfd> p;
       std::vector<size_t> idx;
       for (size_t i = 0; i < fds_.size(); ++i) {
@@ -208,7 +205,7 @@ StreamsResult RunStreams(const std::string& url, uint32_t m, uint32_t tokens, ui
     }
   }
   for (auto& c : started) c->Cancel();
-  out.seconds = Since(t0);
+  out.seconds = SecondsSince(t0);
   calls.Stop();
   return out;
 }
@@ -232,7 +229,7 @@ std::vector<double> ProbeHealth(const std::string& url, uint32_t n, uint32_t* fa
     const Clock::time_point t0 = Clock::now();
     Result<http::ClientResponse> r = http::Get(url, "/health", o);
     if (r.ok() && r->status == 200) {
-      ms.push_back(Since(t0) * 1e3);
+      ms.push_back(SecondsSince(t0) * 1e3);
     } else if (failed != nullptr) {
       ++*failed;
     }
@@ -261,7 +258,7 @@ TargetReport RunTarget(LocalCluster& c, const std::string& name, const std::stri
       const Clock::time_point t0 = Clock::now();
       Result<http::ClientResponse> r = http::Get(url, "/health", po);
       if (r.ok() && r->status == 200) {
-        loaded.push_back(Since(t0) * 1e3);
+        loaded.push_back(SecondsSince(t0) * 1e3);
       } else {
         ++t.probes_failed;
       }
@@ -281,7 +278,7 @@ TargetReport RunTarget(LocalCluster& c, const std::string& name, const std::stri
   // Every connection gone from the server (the scrape's own aside), every
   // engine idle.
   const Clock::time_point t0 = Clock::now();
-  while (Since(t0) < 15) {
+  while (SecondsSince(t0) < 15) {
     t.connections_after = MetricSample(url, "kvrelay_http_connections");
     if (t.connections_after >= 0 && t.connections_after <= 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -293,7 +290,7 @@ TargetReport RunTarget(LocalCluster& c, const std::string& name, const std::stri
   for (const std::string& e : engines) {
     bool idle_now = false;
     const Clock::time_point t1 = Clock::now();
-    while (!idle_now && Since(t1) < 20) {
+    while (!idle_now && SecondsSince(t1) < 20) {
       Result<json> s = GetJson(e, "/debug/state");
       idle_now = s.ok() && s->value("idle", false);
       if (!idle_now) std::this_thread::sleep_for(std::chrono::milliseconds(50));

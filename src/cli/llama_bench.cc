@@ -25,6 +25,7 @@
 #include "llama/model_maker.h"
 #include "llama/no_kv_memory.h"
 #include "llama/reference_decoder.h"
+#include "os/clock.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -114,10 +115,6 @@ class EngineRunner {
   Instant now_;
   uint64_t next_ = 1;
 };
-
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

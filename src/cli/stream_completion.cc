@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "os/clock.h"
 #include "router/sse_splitter.h"
 
 namespace kvrelay::cli {
@@ -16,10 +17,6 @@ using Clock = std::chrono::steady_clock;
 int64_t MonoNs() {  // steady_clock is CLOCK_MONOTONIC, as D's pull log
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
-}
-
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 }  // namespace
@@ -57,17 +54,17 @@ Result<Streamed> StreamCompletion(const http::Client& cli, const json& body, dou
       const json ids = choices[0].value("token_ids", json::array());
       const json vers = choices[0].value("weights_versions", json::array());
       if (out.ttft_s < 0 && !ids.empty()) {
-        out.ttft_s = Since(t0);
+        out.ttft_s = SecondsSince(t0);
         out.first_token_mono_ns = MonoNs();
       }
-      const double at_s = Since(t0);
+      const double at_s = SecondsSince(t0);
       for (size_t k = 0; k < ids.size() && k < vers.size(); ++k) {
         out.token_s.push_back(at_s);
         out.tokens.push_back(
             engine::TokenOut{0, ids[k].get<engine::Token>(), vers[k].get<uint64_t>()});
       }
     }
-    return Since(t0) < timeout_s;
+    return SecondsSince(t0) < timeout_s;
   };
   http::ClientOptions opts = cli.options();
   opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(timeout_s * 1e9));
@@ -80,7 +77,8 @@ Result<Streamed> StreamCompletion(const http::Client& cli, const json& body, dou
   }
   if (!error.empty()) return UnavailableError("error event: " + error);
   if (!done) {
-    return UnavailableError(Since(t0) >= timeout_s ? "timed out" : "stream cut off before [DONE]");
+    return UnavailableError(SecondsSince(t0) >= timeout_s ? "timed out"
+                                                          : "stream cut off before [DONE]");
   }
   if (out.ttft_s < 0) return UnavailableError("no token");
   return out;

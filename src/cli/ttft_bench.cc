@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "llama/llama_model.h"
+#include "os/clock.h"
 #include "router/transfer_id_source.h"
 
 namespace kvrelay::cli {
@@ -34,10 +35,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 constexpr char kProducerTokens[] = "kvrelay_first_tokens_from_producer_total";
 constexpr uint32_t kDecodePromptTokens = 16;   // the decode-under-prefill phase's
@@ -107,11 +104,11 @@ class TtftRun {
       }
       if (Status s = Same(body, plain, pd, i == 0 ? run : nullptr); !s.ok()) return s;
       if (Status s = Transfer(run->tokens, run); !s.ok()) return s;
-      if (Since(last_line) >= 10 || i + 1 == o_.samples) {
+      if (SecondsSince(last_line) >= 10 || i + 1 == o_.samples) {
         last_line = Clock::now();
         const TtftSamples& s = run->samples;
         std::printf("  [%u tokens] %u/%u samples, %.0f s: last plain %.1f ms, P/D %.1f ms, ",
-                    run->tokens, i + 1, o_.samples, Since(t0), s.plain_s.back() * 1e3,
+                    run->tokens, i + 1, o_.samples, SecondsSince(t0), s.plain_s.back() * 1e3,
                     s.pd_s.back() * 1e3);
         if (twin_) std::printf("streamed %.1f ms, ", s.streamed_s.back() * 1e3);
         std::printf("transfer %.1f ms\n", s.transfer_s.back() * 1e3);
@@ -485,7 +482,7 @@ Status RunTtftBench(const TtftBenchOptions& o) {
     const Clock::time_point w0 = Clock::now();
     status = run.WarmUp(smallest, largest);
     if (status.ok()) {
-      std::printf("  warm in %.1f s\n", Since(w0));
+      std::printf("  warm in %.1f s\n", SecondsSince(w0));
       std::fflush(stdout);
     }
     for (uint32_t tokens : o.prompt_tokens) {

@@ -1,7 +1,6 @@
 #include "http/connection.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 
 #include <boost/asio/post.hpp>
@@ -33,12 +32,6 @@ std::string Chunk(const std::string& bytes) {
   out.append(size, static_cast<size_t>(n));
   out += bytes;
   out += "\r\n";
-  return out;
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 
@@ -238,7 +231,8 @@ void Connection::OnHeader(const error_code& ec) {
   http11_ = head.version() >= 11;
   keep_alive_ = head.keep_alive();
   auto expect = head.find(bhttp::field::expect);
-  if (expect != head.end() && Lower(expect->value()) == "100-continue" && !parser_->is_done()) {
+  if (expect != head.end() && AsciiLower(expect->value()) == "100-continue" &&
+      !parser_->is_done()) {
     Queue(kContinue);
   }
   ReadBody();

@@ -14,17 +14,17 @@ using boost::system::error_code;
 
 namespace {
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 Refusal Refuse(int status, std::string message, Refusal::Reason reason) {
   return Refusal{status, std::move(message), reason};
 }
 
 }  // namespace
+
+std::string AsciiLower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
 
 void ApplyLimits(const ServerLimits& limits, RequestParser* parser) {
   parser->header_limit(
@@ -75,7 +75,9 @@ std::optional<Refusal> BuildRequest(RequestMessage&& msg, const std::string& rem
     return Refuse(400, "malformed request target: " + req.target.substr(0, 200),
                   Refusal::Reason::kMalformed);
   }
-  for (const auto& f : msg) req.headers.emplace_back(Lower(f.name_string()), std::string(f.value()));
+  for (const auto& f : msg) {
+    req.headers.emplace_back(AsciiLower(f.name_string()), std::string(f.value()));
+  }
   req.body = std::move(msg.body());
   req.remote_addr = remote_addr;
   req.connection = connection;

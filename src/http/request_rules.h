@@ -52,6 +52,9 @@ std::optional<Refusal> CheckHead(const RequestMessage& head, const ServerLimits&
 std::optional<Refusal> BuildRequest(RequestMessage&& msg, const std::string& remote_addr,
                                     uint64_t connection, Request* out);
 
+// `s` with ASCII letters lowered (header names and tokens compare this way).
+std::string AsciiLower(std::string_view s);
+
 // Every rule over one request's bytes in memory.
 struct ParsedBytes {
   enum class Kind : uint8_t { kNeedMore, kRequest, kRefused, kClosed };

@@ -88,7 +88,7 @@ struct ShmRegistration {
   RegionLayout layout;
 };
 
-std::vector<uint8_t> EncodeRegistration(const ShmRegistration& r) {
+std::vector<uint8_t> EncodeShmRegistration(const ShmRegistration& r) {
   std::vector<uint8_t> out;
   out.reserve(4 + 2 + 2 + r.name.size() + 8 + 8 + 4 + 8);
   AppendLe(out, kShmMagic, 4);
@@ -102,7 +102,7 @@ std::vector<uint8_t> EncodeRegistration(const ShmRegistration& r) {
   return out;
 }
 
-Result<ShmRegistration> DecodeRegistration(std::span<const uint8_t> in) {
+Result<ShmRegistration> DecodeShmRegistration(std::span<const uint8_t> in) {
   Reader reader(in);
   if (reader.Get(4) != kShmMagic || !reader.ok()) {
     return InvalidArgumentError("shm registration: bad magic");
@@ -136,7 +136,7 @@ class ShmRegion final : public Region {
         fd_(fd),
         base_(base),
         layout_(layout),
-        registration_(EncodeRegistration({name_, layout.bytes(), layout})),
+        registration_(EncodeShmRegistration({name_, layout.bytes(), layout})),
         grants_(layout.num_blocks),
         read_grants_(layout.num_blocks) {}
   ~ShmRegion() override {
@@ -287,7 +287,7 @@ struct RemoteSegment {
 // Opens and maps the segment a registration names, read-write (a Target)
 // or read-only (a Source), after checking its size.
 Result<RemoteSegment> MapRemote(std::span<const uint8_t> registration, bool writable) {
-  Result<ShmRegistration> r = DecodeRegistration(registration);
+  Result<ShmRegistration> r = DecodeShmRegistration(registration);
   if (!r.ok()) return r.status();
   const int fd = shm_open(r->name.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
   if (fd < 0) return UnavailableError(Errno(("shm_open " + r->name).c_str()));
@@ -389,9 +389,9 @@ class ShmTransport final : public Transport {
 }  // namespace
 
 Result<std::vector<uint8_t>> ReencodeShmRegistration(std::span<const uint8_t> bytes) {
-  Result<ShmRegistration> r = DecodeRegistration(bytes);
+  Result<ShmRegistration> r = DecodeShmRegistration(bytes);
   if (!r.ok()) return r.status();
-  return EncodeRegistration(*r);
+  return EncodeShmRegistration(*r);
 }
 
 Result<std::unique_ptr<Transport>> MakeShmTransport(const TransportOptions&) {

@@ -31,6 +31,7 @@
 #include "base/byte_codec.h"
 #include "base/check.h"
 #include "base/mutex.h"
+#include "net/byte_codec.h"
 
 namespace kvrelay::net {
 namespace {
@@ -97,14 +98,6 @@ bool ReadBlob(ByteReader& rd, std::vector<uint8_t>* out) {
          rd.Take(len, out);
 }
 
-// layout.bytes() without overflow; false if it overflows.
-bool LayoutBytes(const RegionLayout& layout, uint64_t* out) {
-  uint64_t blocks;
-  return !__builtin_mul_overflow(layout.planes, static_cast<uint64_t>(layout.num_blocks),
-                                 &blocks) &&
-         !__builtin_mul_overflow(blocks, layout.block_stride_bytes, out);
-}
-
 struct Registration {
   uint64_t remote_address = 0;
   uint64_t total_bytes = 0;
@@ -113,7 +106,7 @@ struct Registration {
   std::vector<uint8_t> rkey;
 };
 
-std::vector<uint8_t> EncodeRegistration(const Registration& r) {
+std::vector<uint8_t> EncodeUcxRegistration(const Registration& r) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
   w.U32(kUcxRegistrationMagic);
@@ -131,7 +124,7 @@ std::vector<uint8_t> EncodeRegistration(const Registration& r) {
   return out;
 }
 
-Status DecodeRegistration(std::span<const uint8_t> in, Registration* r) {
+Status DecodeUcxRegistration(std::span<const uint8_t> in, Registration* r) {
   auto bad = [](const std::string& why) {
     return InvalidArgumentError("ucx registration: " + why);
   };
@@ -554,7 +547,7 @@ class UcxTransport final : public Transport {
     reg.worker_address = core_->worker_address;
     reg.rkey = std::move(rkey);
     return std::unique_ptr<Region>(
-        std::make_unique<UcxRegion>(std::move(mapping), layout, EncodeRegistration(reg)));
+        std::make_unique<UcxRegion>(std::move(mapping), layout, EncodeUcxRegistration(reg)));
   }
 
   Result<std::unique_ptr<Target>> Open(std::span<const uint8_t> registration,
@@ -584,7 +577,7 @@ class UcxTransport final : public Transport {
       return InvalidArgumentError("ucx open: local region belongs to another UCX transport");
     }
     Registration reg;
-    if (Status s = DecodeRegistration(registration, &reg); !s.ok()) return s;
+    if (Status s = DecodeUcxRegistration(registration, &reg); !s.ok()) return s;
     auto endpoint = std::make_unique<Endpoint>(core_, region->mapping(), reg);
     if (Status s = endpoint->Connect(reg); !s.ok()) return s;
     return endpoint;
@@ -597,8 +590,8 @@ class UcxTransport final : public Transport {
 
 Result<std::vector<uint8_t>> ReencodeUcxRegistration(std::span<const uint8_t> bytes) {
   Registration reg;
-  if (Status s = DecodeRegistration(bytes, &reg); !s.ok()) return s;
-  return EncodeRegistration(reg);
+  if (Status s = DecodeUcxRegistration(bytes, &reg); !s.ok()) return s;
+  return EncodeUcxRegistration(reg);
 }
 
 std::string DescribeUcxTarget(Target& target) {

@@ -18,6 +18,12 @@ inline Instant MonoNow() {
                                 .count());
 }
 
+// Steady-clock seconds since `t0`: the drivers', benches' and CLI's spans,
+// timeouts and progress lines.
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Wall-clock seconds since the Unix epoch (for the `created` field of API
 // responses and for incarnation numbers; never for deadlines).
 inline int64_t WallSeconds() {

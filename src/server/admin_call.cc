@@ -15,31 +15,6 @@ namespace {
 using engine::PauseMode;
 using nlohmann::json;
 
-std::string TypeName(const json& j) {
-  switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a non-integer number";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::binary:
-    case json::value_t::discarded: break;
-  }
-  return "an unsupported value";
-}
-
-// `s` quoted for an error message, cut to 64 bytes at a UTF-8 boundary.
-std::string Quote(std::string_view s) {
-  constexpr size_t kMax = 64;
-  if (s.size() <= kMax) return "\"" + std::string(s) + "\"";
-  size_t n = kMax;
-  while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
-  return "\"" + std::string(s.substr(0, n)) + "...\"";
-}
-
 std::string Join(std::initializer_list<std::string_view> names) {
   std::string out;
   for (std::string_view n : names) {
@@ -63,7 +38,7 @@ Status ParseMode(std::string_view name, std::string_view value, PauseMode* out) 
     *out = PauseMode::kKeep;
   } else {
     return InvalidArgumentError(std::string(name) + " must be abort, wait or keep; got " +
-                                Quote(value));
+                                QuoteForError(value));
   }
   return Status::Ok();
 }
@@ -77,7 +52,7 @@ Status ParseBool(std::string_view name, std::string_view value, bool* out) {
     *out = false;
   } else {
     return InvalidArgumentError(std::string(name) + " must be true, false, 1 or 0; got " +
-                                Quote(value));
+                                QuoteForError(value));
   }
   return Status::Ok();
 }
@@ -89,9 +64,9 @@ Status CheckQuery(std::string_view path, const std::map<std::string, std::string
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
     if (allowed.size() == 0) {
       return InvalidArgumentError("POST " + std::string(path) +
-                                  " takes no query parameters; got " + Quote(key));
+                                  " takes no query parameters; got " + QuoteForError(key));
     }
-    return InvalidArgumentError("unknown query parameter " + Quote(key) + " for POST " +
+    return InvalidArgumentError("unknown query parameter " + QuoteForError(key) + " for POST " +
                                 std::string(path) + "; allowed: " + Join(allowed));
   }
   return Status::Ok();
@@ -119,12 +94,12 @@ Result<json> BodyObject(std::string_view path, std::string_view body,
   if (!parsed.ok()) return parsed.status();
   json j = std::move(*parsed);
   if (!j.is_object()) {
-    return InvalidArgumentError("body must be a JSON object (got " + TypeName(j) + "), e.g. " +
+    return InvalidArgumentError("body must be a JSON object (got " + JsonTypeName(j) + "), e.g. " +
                                 std::string(example));
   }
   for (const auto& [key, value] : j.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      return InvalidArgumentError("unknown field " + Quote(key) + " in the body of POST " +
+      return InvalidArgumentError("unknown field " + QuoteForError(key) + " in the body of POST " +
                                   std::string(path) + "; allowed: " + Join(allowed));
     }
   }
@@ -157,7 +132,7 @@ Result<AdminCall> Sleep(std::string_view path, const Query& q, std::string_view 
   if (auto it = q.find("level"); it != q.end()) {
     const std::string& v = it->second;
     if (v != "0" && v != "1" && v != "2") {
-      return InvalidArgumentError("level must be 0, 1 or 2; got " + Quote(v));
+      return InvalidArgumentError("level must be 0, 1 or 2; got " + QuoteForError(v));
     }
     c.level = static_cast<uint32_t>(v[0] - '0');
   }
@@ -195,15 +170,15 @@ Result<AdminCall> AbortRequests(std::string_view path, const Query& q, std::stri
     return AdminCall(std::move(c));
   }
   if (!it->is_array()) {
-    return InvalidArgumentError("request_ids must be an array of strings (got " + TypeName(*it) +
-                                "); send {} to abort every request");
+    return InvalidArgumentError("request_ids must be an array of strings (got " +
+                                JsonTypeName(*it) + "); send {} to abort every request");
   }
   c.request_ids.reserve(it->size());
   for (size_t i = 0; i < it->size(); ++i) {
     const json& e = (*it)[i];
     if (!e.is_string()) {
       return InvalidArgumentError("request_ids[" + std::to_string(i) + "] must be a string (got " +
-                                  TypeName(e) + ")");
+                                  JsonTypeName(e) + ")");
     }
     c.request_ids.push_back(e.get<std::string>());
   }
@@ -221,7 +196,7 @@ Result<AdminCall> UpdateWeights(std::string_view path, const Query& q, std::stri
     return InvalidArgumentError("version is required: the weights version to load, an integer >= 1");
   }
   if (!v->is_number_integer()) {
-    return InvalidArgumentError("version must be an integer >= 1 (got " + TypeName(*v) + ")");
+    return InvalidArgumentError("version must be an integer >= 1 (got " + JsonTypeName(*v) + ")");
   }
   if (!v->is_number_unsigned() || v->get<uint64_t>() == 0) {
     return InvalidArgumentError("version must be an integer >= 1; got " + v->dump());
@@ -230,7 +205,7 @@ Result<AdminCall> UpdateWeights(std::string_view path, const Query& q, std::stri
   if (auto m = j->find("mode"); m != j->end() && !m->is_null()) {
     if (!m->is_string()) {
       return InvalidArgumentError("mode must be a string: abort, wait or keep (got " +
-                                  TypeName(*m) + ")");
+                                  JsonTypeName(*m) + ")");
     }
     RETURN_IF_ERROR_(ParseMode("mode", m->get_ref<const std::string&>(), &c.mode));
   }
@@ -254,7 +229,7 @@ Result<AdminCall> ParseAdminCall(std::string_view path,
   }
   if (path == "/abort_requests") return AbortRequests(path, query, body);
   if (path == "/update_weights") return UpdateWeights(path, query, body);
-  return NotFoundError("no admin endpoint " + Quote(path));
+  return NotFoundError("no admin endpoint " + QuoteForError(path));
 }
 
 Result<AdminCall> ParseAdminRequest(std::string_view path,
@@ -263,7 +238,8 @@ Result<AdminCall> ParseAdminRequest(std::string_view path,
   std::map<std::string, std::string> query;
   for (const auto& [key, value] : params) {
     if (!query.emplace(key, value).second) {
-      return InvalidArgumentError("query parameter " + Quote(key) + " is given more than once");
+      return InvalidArgumentError("query parameter " + QuoteForError(key) +
+                                  " is given more than once");
     }
   }
   return ParseAdminCall(path, query, body);

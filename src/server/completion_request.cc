@@ -17,37 +17,12 @@ namespace {
 
 using nlohmann::json;
 
-std::string TypeName(const json& j) {
-  switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a non-integer number";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::binary:
-    case json::value_t::discarded: break;
-  }
-  return "an unsupported value";
-}
-
 Status TypeError(const std::string& field, std::string_view expected, const json& got) {
   return InvalidArgumentError(field + " must be " + std::string(expected) + " (got " +
-                              TypeName(got) + ")");
+                              JsonTypeName(got) + ")");
 }
 
 Status OutOfRangeError(std::string m) { return Status(StatusCode::kOutOfRange, std::move(m)); }
-
-// `s` quoted for an error message, cut to 64 bytes at a UTF-8 boundary.
-std::string Quote(std::string_view s) {
-  constexpr size_t kMax = 64;
-  if (s.size() <= kMax) return "\"" + std::string(s) + "\"";
-  size_t n = kMax;
-  while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
-  return "\"" + std::string(s.substr(0, n)) + "...\"";
-}
 
 // The member `key` of `obj`, or nullptr when absent or null (clients send
 // null for "not set").
@@ -147,7 +122,7 @@ Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
   if (transfer_text) {
     if (!TransferId::Parse(*transfer_text, &transfer)) {
       return InvalidArgumentError(p + "transfer_id must be 32 lowercase hex digits, got " +
-                                  Quote(*transfer_text));
+                                  QuoteForError(*transfer_text));
     }
     if (transfer.IsZero()) return InvalidArgumentError(p + "transfer_id must not be all zeros");
   }
@@ -157,7 +132,7 @@ Status ParseKvTransferParams(const json& kv, CompletionRequest* req) {
       return InvalidArgumentError(p + "remote_host must be a host name or address of 1.." +
                                   std::to_string(kMaxRemoteHostChars) +
                                   " printable ASCII characters without spaces, got " +
-                                  Quote(*host));
+                                  QuoteForError(*host));
     }
   }
 
@@ -316,9 +291,9 @@ Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest
   if (const json* m = Field(doc, "model")) {
     if (!m->is_string()) return TypeError("model", "a string", *m);
     if (m->get_ref<const std::string&>() != limits.model_name) {
-      return InvalidArgumentError("model " + Quote(m->get_ref<const std::string&>()) +
+      return InvalidArgumentError("model " + QuoteForError(m->get_ref<const std::string&>()) +
                                   " is not served here; this server serves " +
-                                  Quote(limits.model_name));
+                                  QuoteForError(limits.model_name));
     }
   }
   RETURN_IF_ERROR_(ParsePrompt(doc, limits, req));
@@ -354,7 +329,7 @@ Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest
     const std::string& id = r->get_ref<const std::string&>();
     if (id.empty() || id.size() > kMaxRequestIdChars || !IsPrintableAscii(id)) {
       return InvalidArgumentError("request_id must be 1.." + std::to_string(kMaxRequestIdChars) +
-                                  " printable ASCII characters, got " + Quote(id));
+                                  " printable ASCII characters, got " + QuoteForError(id));
     }
     req->request_id = id;
   }
@@ -391,7 +366,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
   if (!parsed.ok()) return parsed.status();
   json doc = std::move(*parsed);
   if (!doc.is_object()) {
-    return InvalidArgumentError("body must be a JSON object (got " + TypeName(doc) + ")");
+    return InvalidArgumentError("body must be a JSON object (got " + JsonTypeName(doc) + ")");
   }
   CompletionRequest req;
   Status s = ParseFields(doc, limits, &req);

@@ -1,5 +1,6 @@
 #include "server/json_body.h"
 
+#include <cstdint>
 #include <string>
 
 namespace kvrelay::server {
@@ -39,6 +40,30 @@ Result<json> ParseJsonBody(std::string_view body) {
   } catch (const json::exception& e) {   // parse_error, or out_of_range for 1e400
     return InvalidArgumentError("body is not valid JSON: " + Where(e));
   }
+}
+
+std::string JsonTypeName(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a non-integer number";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::binary:
+    case json::value_t::discarded: break;
+  }
+  return "an unsupported value";
+}
+
+std::string QuoteForError(std::string_view s) {
+  constexpr size_t kMax = 64;
+  if (s.size() <= kMax) return "\"" + std::string(s) + "\"";
+  size_t n = kMax;
+  while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
+  return "\"" + std::string(s.substr(0, n)) + "...\"";
 }
 
 }  // namespace kvrelay::server

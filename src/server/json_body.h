@@ -8,9 +8,13 @@
 // here rather than half-read; its exception texts carry an internal tag
 // ("[json.exception.parse_error.101]") that is cut.
 //
-// Thread safety: a pure function; any thread.
+// JsonTypeName and QuoteForError word the other half of such errors: what a
+// client sent, as the engine's and the router's messages name it.
+//
+// Thread safety: pure functions; any thread.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -23,5 +27,13 @@ namespace kvrelay::server {
 // most 200 bytes of nlohmann's text, without its tag), or "body is not valid
 // JSON: a NUL byte at offset N".
 Result<nlohmann::json> ParseJsonBody(std::string_view body);
+
+// What a value is, for "must be ... (got an array)": "null", "a boolean",
+// "an integer", "a non-integer number", "a string", "an array", "an object".
+std::string JsonTypeName(const nlohmann::json& j);
+
+// `s` quoted for an error message, cut to 64 bytes at a UTF-8 boundary
+// ("\"abc...\"" when cut).
+std::string QuoteForError(std::string_view s);
 
 }  // namespace kvrelay::server

@@ -33,5 +33,27 @@ TEST(ParseJsonBodyTest, ErrorsSayWhereWithoutTheLibrarysTag) {
   }
 }
 
+TEST(JsonTypeNameTest, NamesEachKindAsAnErrorSaysIt) {
+  using nlohmann::json;
+  EXPECT_EQ(JsonTypeName(json(nullptr)), "null");
+  EXPECT_EQ(JsonTypeName(json(true)), "a boolean");
+  EXPECT_EQ(JsonTypeName(json(-3)), "an integer");
+  EXPECT_EQ(JsonTypeName(json(3u)), "an integer");
+  EXPECT_EQ(JsonTypeName(json(0.5)), "a non-integer number");
+  EXPECT_EQ(JsonTypeName(json("x")), "a string");
+  EXPECT_EQ(JsonTypeName(json::array()), "an array");
+  EXPECT_EQ(JsonTypeName(json::object()), "an object");
+}
+
+TEST(QuoteForErrorTest, QuotesShortTextWholeAndCutsLongTextAtACharacter) {
+  EXPECT_EQ(QuoteForError("abc"), "\"abc\"");
+  const std::string exact(64, 'a');
+  EXPECT_EQ(QuoteForError(exact), "\"" + exact + "\"");
+  EXPECT_EQ(QuoteForError(exact + "b"), "\"" + exact + "...\"");
+  // "é" (2 bytes) straddles the 64-byte cut: it is left out whole.
+  const std::string straddle = std::string(63, 'a') + "\xC3\xA9" + "zz";
+  EXPECT_EQ(QuoteForError(straddle), "\"" + std::string(63, 'a') + "...\"");
+}
+
 }  // namespace
 }  // namespace kvrelay::server

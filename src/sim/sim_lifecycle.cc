@@ -9,6 +9,9 @@
 #include "sim/simulator.h"
 
 namespace kvrelay::sim {
+namespace {
+using Op = ScenarioPlan::Op;
+}  // namespace
 
 void Simulator::Crash(uint32_t e) {
   if (faults_over_ || !nodes_[e].alive) return;
@@ -112,7 +115,6 @@ void Simulator::StartOp(uint32_t e) {
 
 // The matrix case's call on engine `e`.
 void Simulator::StartPlannedOp(uint32_t e) {
-  using Op = ScenarioPlan::Op;
   const ScenarioPlan& plan = params_.plan;
   engine::Engine& eng = *nodes_[e].engine;
   uint64_t id = 0;
