@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +32,7 @@ namespace {
 
 // At a stop, how long the open requests' responses get to be written after
 // the drain aborted them (their pumps run on the HTTP threads).
-constexpr Duration kLastWordsWait = Duration::Seconds(1);
+constexpr std::chrono::milliseconds kLastWordsWait{1000};
 
 int HttpStatusFor(const Status& s) {
   switch (s.code()) {
@@ -236,10 +235,7 @@ void EngineServer::Stop() {
   // for those to have run, briefly, then stop the listener, which writes out
   // what ended and closes what is left.
   impl_->node->Shutdown(Duration::Seconds(5));
-  const Instant until = kvrelay::MonoNow() + kLastWordsWait;
-  while (impl_->open_requests.open() > 0 && kvrelay::MonoNow() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  impl_->open_requests.WaitUntilNoneOpen(kLastWordsWait);
   impl_->http->Stop();
   impl_->stop_cv.NotifyAll();
 }

@@ -22,7 +22,7 @@ bool OpenRequests::Submitted(const std::string& id, uint64_t client, bool accept
     auto it = client_of_id_.find(id);
     if (it != client_of_id_.end() && it->second == client) client_of_id_.erase(it);
     transfer_of_client_.erase(client);
-    open_.erase(client);
+    CloseLocked(client);
     return false;
   }
   return again;
@@ -59,13 +59,23 @@ std::optional<TransferId> OpenRequests::Release(const std::string& id, uint64_t 
   KV_CHECK(submitting_.count(client) == 0);  // the response starts after Submitted
   auto it = client_of_id_.find(id);
   if (it != client_of_id_.end() && it->second == client) client_of_id_.erase(it);
-  open_.erase(client);
+  CloseLocked(client);
   std::optional<TransferId> transfer;
   if (auto t = transfer_of_client_.find(client); t != transfer_of_client_.end()) {
     transfer = t->second;
     transfer_of_client_.erase(t);
   }
   return transfer;
+}
+
+void OpenRequests::CloseLocked(uint64_t client) {
+  open_.erase(client);
+  if (open_.empty()) none_open_.NotifyAll();
+}
+
+bool OpenRequests::WaitUntilNoneOpen(std::chrono::milliseconds timeout) {
+  MutexLock lock(&mu_);
+  return none_open_.WaitFor(&mu_, timeout, [this]() REQUIRES(mu_) { return open_.empty(); });
 }
 
 size_t OpenRequests::open() const {

@@ -29,6 +29,7 @@
 // entry per open request (the server's HTTP threads bound them).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -71,12 +72,21 @@ class OpenRequests {
   size_t open() const;         // requests registered and not released
   size_t submitting() const;   // of them, not yet Submitted
 
+  // Blocks until no request is open or `timeout` has passed; true if none
+  // is open. EngineServer::Stop waits here for the aborted streams' last
+  // chunks before it stops the listener.
+  bool WaitUntilNoneOpen(std::chrono::milliseconds timeout);
+
  private:
   // Abort's part for one request: marks it if it is being submitted, else
   // adds its client (and transfer) to `found`.
   void TakeLocked(uint64_t client, Found* found) REQUIRES(mu_);
 
+  // Forgets `client` as open; wakes WaitUntilNoneOpen when none is left.
+  void CloseLocked(uint64_t client) REQUIRES(mu_);
+
   mutable Mutex mu_;
+  CondVar none_open_;  // notified when open_ becomes empty
   std::unordered_map<std::string, uint64_t> client_of_id_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, TransferId> transfer_of_client_ GUARDED_BY(mu_);
   std::unordered_set<uint64_t> open_ GUARDED_BY(mu_);

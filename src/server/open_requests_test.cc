@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,6 +119,28 @@ TEST(OpenRequestsTest, ConcurrentAbortsAreNeverLost) {
   aborter.join();
   for (uint64_t c = 0; c < kRequests; ++c) EXPECT_EQ(reached[c], 1) << c;
   EXPECT_EQ(r.submitting(), 0u);
+}
+
+TEST(OpenRequestsTest, WaitUntilNoneOpenReturnsWhenTheLastOneCloses) {
+  using std::chrono::milliseconds;
+  OpenRequests r;
+  EXPECT_TRUE(r.WaitUntilNoneOpen(milliseconds(0)));  // nothing open: at once
+  r.Register("a", 1, std::nullopt);
+  r.Register("b", 2, std::nullopt);
+  EXPECT_FALSE(r.WaitUntilNoneOpen(milliseconds(5)));  // open: times out
+  ASSERT_TRUE(r.Submitted("a", 1, true) == false);
+  ASSERT_TRUE(r.Submitted("b", 2, false) == false);  // refused: no longer open
+  EXPECT_EQ(r.open(), 1u);
+  std::thread closer([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    r.Release("a", 1);
+  });
+  // Woken by the Release, long before its timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(r.WaitUntilNoneOpen(milliseconds(60'000)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  closer.join();
+  EXPECT_EQ(r.open(), 0u);
 }
 
 }  // namespace
