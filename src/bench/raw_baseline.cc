@@ -28,6 +28,7 @@
 #include "bench/raw_helper.h"
 #include "net/stripe_plan.h"
 #include "os/clock.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::bench {
 namespace {
@@ -46,9 +47,9 @@ Result<std::vector<double>> RawShmCopy(const std::vector<RawTransfer>& transfers
                                        const RawOptions& options) {
   const std::string name = "/kvrelay-bench-" + std::to_string(getpid());
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) return UnavailableError(raw::Errno("shm_open " + name));
+  if (fd < 0) return UnavailableError(ErrnoMessage("shm_open " + name));
   if (ftruncate(fd, static_cast<off_t>(options.dst_pool_bytes)) != 0) {
-    const Status s = UnavailableError(raw::Errno("ftruncate"));
+    const Status s = UnavailableError(ErrnoMessage("ftruncate"));
     close(fd);
     shm_unlink(name.c_str());
     return s;
@@ -193,7 +194,7 @@ Result<std::vector<double>> RawTcpStream(const std::vector<RawTransfer>& transfe
       ok[0] = send_stripe(0, stripes[0]) ? 1 : 0;
       for (std::thread& t : helpers) t.join();
       if (std::find(ok.begin(), ok.end(), 0) != ok.end()) {
-        failed = UnavailableError(raw::Errno("tcp baseline: stream"));
+        failed = UnavailableError(ErrnoMessage("tcp baseline: stream"));
         break;
       }
       if (pass == kPasses - 1) seconds.push_back(SecondsSince(t0));

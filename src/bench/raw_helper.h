@@ -27,12 +27,9 @@
 
 #include "base/result.h"
 #include "net/transport.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::bench::raw {
-
-inline std::string Errno(const std::string& what) {
-  return what + ": " + std::strerror(errno);
-}
 
 inline bool SendAll(int fd, const void* data, size_t n) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
@@ -103,7 +100,7 @@ class Pool {
  public:
   static Result<Pool> Make(uint64_t bytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return UnavailableError(Errno("mmap " + std::to_string(bytes) + " bytes"));
+    if (p == MAP_FAILED) return UnavailableError(ErrnoMessage("mmap " + std::to_string(bytes) + " bytes"));
     uint8_t* b = static_cast<uint8_t*>(p);
     std::memset(b, 0x5a, bytes);
     for (uint64_t off = 0; off + 8 <= bytes; off += 4096) std::memcpy(b + off, &off, 8);
@@ -155,13 +152,13 @@ class Helper {
   static Result<Helper> Fork(const std::function<int(int sock)>& fn) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-      return UnavailableError(Errno("socketpair"));
+      return UnavailableError(ErrnoMessage("socketpair"));
     }
     const pid_t pid = fork();
     if (pid < 0) {
       close(sv[0]);
       close(sv[1]);
-      return UnavailableError(Errno("fork"));
+      return UnavailableError(ErrnoMessage("fork"));
     }
     if (pid == 0) {
       close(sv[0]);
@@ -222,14 +219,14 @@ class Listener {
   // `backlog`: connections that may wait to be accepted.
   static Result<Listener> Loopback(int backlog = 4) {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return UnavailableError(Errno("socket"));
+    if (fd < 0) return UnavailableError(ErrnoMessage("socket"));
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof a;
     if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, std::max(backlog, 4)) != 0 ||
         getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      const Status s = UnavailableError(Errno("listen on loopback"));
+      const Status s = UnavailableError(ErrnoMessage("listen on loopback"));
       close(fd);
       return s;
     }
@@ -253,13 +250,13 @@ class Listener {
 
 inline Result<int> ConnectLoopback(uint16_t port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return UnavailableError(Errno("socket"));
+  if (fd < 0) return UnavailableError(ErrnoMessage("socket"));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(port);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    const Status s = UnavailableError(Errno("connect to 127.0.0.1:" + std::to_string(port)));
+    const Status s = UnavailableError(ErrnoMessage("connect to 127.0.0.1:" + std::to_string(port)));
     close(fd);
     return s;
   }

@@ -51,6 +51,7 @@
 #include "net/registration_codec.h"
 #include "net/transport.h"
 #include "os/clock.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::net {
 namespace {
@@ -60,7 +61,6 @@ constexpr uint16_t kShmVersion = 1;
 constexpr size_t kMaxNameBytes = 200;
 constexpr const char* kNamePrefix = "/kvrelay-";
 
-std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 bool NameCharOk(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -290,10 +290,10 @@ Result<RemoteSegment> MapRemote(std::span<const uint8_t> registration, bool writ
   Result<ShmRegistration> r = DecodeShmRegistration(registration);
   if (!r.ok()) return r.status();
   const int fd = shm_open(r->name.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
-  if (fd < 0) return UnavailableError(Errno(("shm_open " + r->name).c_str()));
+  if (fd < 0) return UnavailableError(ErrnoMessage(("shm_open " + r->name).c_str()));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    Status status = UnavailableError(Errno("fstat"));
+    Status status = UnavailableError(ErrnoMessage("fstat"));
     close(fd);
     return status;
   }
@@ -306,7 +306,7 @@ Result<RemoteSegment> MapRemote(std::span<const uint8_t> registration, bool writ
   void* base = mmap(nullptr, r->total_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
                     MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    Status status = UnavailableError(Errno("mmap"));
+    Status status = UnavailableError(ErrnoMessage("mmap"));
     close(fd);
     return status;
   }
@@ -334,10 +334,10 @@ class ShmTransport final : public Transport {
     const int fd = shm_open(segment.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
       if (errno == EEXIST) return AlreadyExistsError("shm segment " + segment + " exists");
-      return UnavailableError(Errno(("shm_open " + segment).c_str()));
+      return UnavailableError(ErrnoMessage(("shm_open " + segment).c_str()));
     }
     auto fail = [&](const char* what) {
-      Status status = UnavailableError(Errno(what) + " (" + segment + ")");
+      Status status = UnavailableError(ErrnoMessage(what) + " (" + segment + ")");
       close(fd);
       shm_unlink(segment.c_str());
       return status;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::net::tcp {
 
@@ -114,11 +115,11 @@ Result<int> StreamPool::Connect(const WaitBound& bound) {
     const int fd =
         socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
-      last_error = Errno("socket");
+      last_error = ErrnoMessage("socket");
       continue;
     }
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-      last_error = Errno("connect");
+      last_error = ErrnoMessage("connect");
       close(fd);
       continue;
     }
@@ -134,7 +135,7 @@ Result<int> StreamPool::Connect(const WaitBound& bound) {
         last_error = "connect: timed out";
       } else {
         if (err != 0) errno = err;
-        last_error = Errno("connect");
+        last_error = ErrnoMessage("connect");
       }
       close(fd);
       continue;

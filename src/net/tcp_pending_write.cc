@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "os/clock.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::net::tcp {
 
@@ -49,7 +50,7 @@ std::optional<Status> TcpPendingWrite::Progress() {
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // wants_write
-      return End(UnavailableError(Errno("tcp: sending a frame")));
+      return End(UnavailableError(ErrnoMessage("tcp: sending a frame")));
     }
     last_progress_ = MonoNow();
     iovec* rest = iov_.data() + next_;
@@ -64,7 +65,7 @@ std::optional<Status> TcpPendingWrite::Progress() {
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // the reply
-      return End(UnavailableError(Errno("tcp write: reading the reply")));
+      return End(UnavailableError(ErrnoMessage("tcp write: reading the reply")));
     }
     got_ += static_cast<size_t>(r);
     last_progress_ = MonoNow();

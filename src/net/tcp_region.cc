@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::net::tcp {
 
@@ -58,7 +59,7 @@ TcpRegion::~TcpRegion() {
 Status TcpRegion::Start(const std::string& host) {
   if (!HostOk(host)) return InvalidArgumentError("tcp: bad listen_host '" + host + "'");
   wake_fd_ = eventfd(0, EFD_CLOEXEC);
-  if (wake_fd_ < 0) return UnavailableError(Errno("eventfd"));
+  if (wake_fd_ < 0) return UnavailableError(ErrnoMessage("eventfd"));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -71,13 +72,13 @@ Status TcpRegion::Start(const std::string& host) {
   for (addrinfo* a = addrs; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
-      last_error = Errno("socket");
+      last_error = ErrnoMessage("socket");
       continue;
     }
     const int yes = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
-      last_error = Errno("bind/listen");
+      last_error = ErrnoMessage("bind/listen");
       close(fd);
       continue;
     }
@@ -88,7 +89,7 @@ Status TcpRegion::Start(const std::string& host) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return UnavailableError(Errno("getsockname"));
+    return UnavailableError(ErrnoMessage("getsockname"));
   }
   const uint16_t port = ntohs(addr.ss_family == AF_INET6
                                   ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port

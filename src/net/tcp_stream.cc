@@ -13,8 +13,6 @@
 
 namespace kvrelay::net::tcp {
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
-
 int WaitBound::CapMs(int limit_ms) const {
   if (deadline_ == Instant::Never()) return limit_ms;
   const int64_t left_ns = (deadline_ - MonoNow()).ns();

@@ -54,8 +54,6 @@ constexpr size_t kIovBatch = 1024;  // <= IOV_MAX
 
 enum ReplyStatus : uint32_t { kReplyOk = 0, kReplyRefused = 1, kReplyMalformed = 2 };
 
-std::string Errno(const std::string& what);
-
 // How long the socket waits of one operation may last: each at most
 // kStallTimeoutMs (a peer that makes no progress for that long is stalled),
 // and none past the operation's deadline (steady clock, MonoNow). The

@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "net/stripe_plan.h"
 #include "net/tcp_pending_write.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::net::tcp {
 
@@ -132,11 +133,11 @@ Status TcpRemote::WriteFrame(int fd, TransferId transfer, std::span<const Segmen
                              uint64_t frame_bytes, std::span<uint8_t> local,
                              std::vector<uint8_t>& table, const WaitBound& bound) {
   if (!SendFrameHead(fd, kFrameMagic, transfer, frame, frame_bytes, table, bound)) {
-    return bound.Failed(Errno("tcp: sending a frame header"));
+    return bound.Failed(ErrnoMessage("tcp: sending a frame header"));
   }
   if (!IoSegments(fd, local.data(), frame, [](const Segment& s) { return s.src_offset; },
                   SendAllV, bound)) {
-    return bound.Failed(Errno("tcp: sending a payload"));
+    return bound.Failed(ErrnoMessage("tcp: sending a payload"));
   }
   return RecvReply(fd, kReplyMagic, transfer, "write", bound);
 }
@@ -145,7 +146,7 @@ Status TcpRemote::ReadFrame(int fd, TransferId transfer, std::span<const Segment
                             uint64_t frame_bytes, std::span<uint8_t> local,
                             std::vector<uint8_t>& table) {
   if (!SendFrameHead(fd, kReadMagic, transfer, frame, frame_bytes, table)) {
-    return UnavailableError(Errno("tcp: sending a read request"));
+    return UnavailableError(ErrnoMessage("tcp: sending a read request"));
   }
   if (Status head = RecvReply(fd, kReadHeadMagic, transfer, "read"); !head.ok()) return head;
   if (!IoSegments(fd, local.data(), frame, [](const Segment& s) { return s.dst_offset; },

@@ -105,12 +105,12 @@
 #include "net/tcp_stream.h"
 #include "net/tcp_target.h"
 #include "net/transport.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::net {
 namespace {
 
 using tcp::DecodeRegistration;
-using tcp::Errno;
 using tcp::LayoutBytes;
 using tcp::TcpRegion;
 using tcp::TcpRegistration;
@@ -131,7 +131,7 @@ class TcpTransport final : public Transport {
     }
     void* base =
         mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return ResourceExhaustedError(Errno("tcp region: mmap"));
+    if (base == MAP_FAILED) return ResourceExhaustedError(ErrnoMessage("tcp region: mmap"));
     auto region = std::make_unique<TcpRegion>(static_cast<uint8_t*>(base), layout, stats_);
     if (Status status = region->Start(options_.listen_host); !status.ok()) return status;
     return std::unique_ptr<Region>(std::move(region));

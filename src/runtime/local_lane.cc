@@ -12,6 +12,7 @@
 
 #include "base/check.h"
 #include "net/byte_codec.h"
+#include "os/errno_message.h"
 
 namespace kvrelay::runtime {
 
@@ -33,7 +34,6 @@ socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
-std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 }  // namespace
 
@@ -65,11 +65,11 @@ std::optional<std::string> ParseLaneAttach(const uint8_t* data, size_t size) {
 Result<std::unique_ptr<LocalLane>> LocalLane::Connect(const std::string& address,
                                                       const LaneLimits& limits) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status(StatusCode::kUnavailable, Errno("socket"));
+  if (fd < 0) return Status(StatusCode::kUnavailable, ErrnoMessage("socket"));
   sockaddr_un addr;
   const socklen_t len = AbstractAddress(address, &addr);
   if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
-    const std::string why = Errno("connect");
+    const std::string why = ErrnoMessage("connect");
     close(fd);
     return Status(StatusCode::kUnavailable, why);
   }
@@ -144,7 +144,7 @@ void LocalLane::Flush() {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      Break(Errno("send"));
+      Break(ErrnoMessage("send"));
       return;
     }
     out_offset_ += static_cast<size_t>(w);
@@ -191,7 +191,7 @@ size_t LocalLane::Read(const std::function<void(const uint8_t*, size_t)>& on_fra
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      Break(Errno("recv"));
+      Break(ErrnoMessage("recv"));
       return delivered;
     }
     if (r == 0) {
@@ -233,11 +233,11 @@ size_t LocalLane::Read(const std::function<void(const uint8_t*, size_t)>& on_fra
 
 Result<std::unique_ptr<LaneListener>> LaneListener::Bind(const std::string& address) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status(StatusCode::kUnavailable, Errno("socket"));
+  if (fd < 0) return Status(StatusCode::kUnavailable, ErrnoMessage("socket"));
   sockaddr_un addr;
   const socklen_t len = AbstractAddress(address, &addr);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 || listen(fd, 64) != 0) {
-    const std::string why = Errno("bind");
+    const std::string why = ErrnoMessage("bind");
     close(fd);
     return Status(StatusCode::kUnavailable, why);
   }
