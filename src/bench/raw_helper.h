@@ -100,7 +100,9 @@ class Pool {
  public:
   static Result<Pool> Make(uint64_t bytes) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return UnavailableError(ErrnoMessage("mmap " + std::to_string(bytes) + " bytes"));
+    if (p == MAP_FAILED) {
+      return UnavailableError(ErrnoMessage("mmap " + std::to_string(bytes) + " bytes"));
+    }
     uint8_t* b = static_cast<uint8_t*>(p);
     std::memset(b, 0x5a, bytes);
     for (uint64_t off = 0; off + 8 <= bytes; off += 4096) std::memcpy(b + off, &off, 8);
