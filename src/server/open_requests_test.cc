@@ -128,8 +128,8 @@ TEST(OpenRequestsTest, WaitUntilNoneOpenReturnsWhenTheLastOneCloses) {
   r.Register("a", 1, std::nullopt);
   r.Register("b", 2, std::nullopt);
   EXPECT_FALSE(r.WaitUntilNoneOpen(milliseconds(5)));  // open: times out
-  ASSERT_TRUE(r.Submitted("a", 1, true) == false);
-  ASSERT_TRUE(r.Submitted("b", 2, false) == false);  // refused: no longer open
+  ASSERT_FALSE(r.Submitted("a", 1, true));
+  ASSERT_FALSE(r.Submitted("b", 2, false));  // refused: no longer open
   EXPECT_EQ(r.open(), 1u);
   std::thread closer([&] {
     std::this_thread::sleep_for(milliseconds(20));
