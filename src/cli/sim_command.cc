@@ -4,11 +4,15 @@
 // bug the core caught in itself — is recorded as that seed's failure and the
 // run goes on. Each worker reports one line per seed on a pipe; a worker
 // that dies is replaced, and the seed it was running is reported failed.
+// With --budget-s the run ends near its budget: no seed starts after it,
+// and a worker still running a seed a tenth later is stopped, its seed
+// listed as unfinished (a rare seed runs for a minute).
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -21,6 +25,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "sim/coverage.h"
@@ -50,12 +56,27 @@ struct SimCliOptions {
   double call_gap_ms = 20;
   std::string policy = "all";
   std::string stream = "all";
+  std::string json_path;
 };
+
+// Writes the run's report to `path` (--json); false, with a message, if it
+// cannot.
+bool WriteJson(const std::string& path, const nlohmann::json& doc) {
+  std::ofstream f(path);
+  f << doc.dump(1) << "\n";
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "kvrelay sim: cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
 
 // Runs matrix cases (all, or the one named) under every configuration
 // asked for, and prints a line per case and configuration. A case with its
 // call on one side only has no call order: it runs once per policy.
-int RunMatrix(const std::string& only, bool trace, const std::vector<sim::MatrixConfig>& configs) {
+int RunMatrix(const std::string& only, bool trace, const std::vector<sim::MatrixConfig>& configs,
+              const std::string& json_path) {
   std::vector<sim::ScenarioPlan> cases = sim::MatrixCases();
   if (!only.empty()) {
     bool found = false;
@@ -71,6 +92,8 @@ int RunMatrix(const std::string& only, bool trace, const std::vector<sim::Matrix
               "policy", "stream", "result", "call (s)", "ok", "error", "aborted", "probes",
               "blocks");
   uint32_t passed = 0, failed = 0;
+  nlohmann::json runs = nlohmann::json::array();
+  const auto t0 = std::chrono::steady_clock::now();
   for (const sim::MatrixConfig& config : configs) {
     int n = 0;
     for (const auto& plan : cases) {
@@ -97,9 +120,22 @@ int RunMatrix(const std::string& only, bool trace, const std::vector<sim::Matrix
                     sim::OrderName(config.order), config.gap.seconds() * 1e3, policy, stream);
       }
       ++(r.ok ? passed : failed);
+      runs.push_back({{"index", n}, {"case", plan.name}, {"kv_mode", KvModeName(config.kv_mode)},
+                      {"order", order}, {"policy", policy}, {"stream", stream},
+                      {"passed", r.ok}, {"call_latency_s", r.call_latency.seconds()},
+                      {"ok", r.requests_ok}, {"error", r.requests_error},
+                      {"aborted", r.requests_aborted}, {"probes_ok", r.probes_ok},
+                      {"blocks_left", r.blocks_left}});
     }
   }
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%u passed, %u failed\n", passed, failed);
+  if (!json_path.empty() &&
+      !WriteJson(json_path, {{"mode", "matrix"}, {"passed", passed}, {"failed", failed},
+                             {"wall_s", wall_s}, {"runs", runs}})) {
+    return 2;
+  }
   return failed > 0 ? 1 : 0;
 }
 
@@ -184,7 +220,6 @@ int RunOne(uint64_t seed, bool trace) {
                              size_t stride, double deadline_s) {
   FILE* out = fdopen(fd, "w");
   auto t0 = std::chrono::steady_clock::now();
-  sim::Coverage total;
   for (size_t i = start; i < seeds.size(); i += stride) {
     if (deadline_s > 0) {
       double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -193,15 +228,17 @@ int RunOne(uint64_t seed, bool trace) {
     std::fprintf(out, "S %zu\n", i);
     std::fflush(out);
     sim::SimResult r = sim::RunSeed(seeds[i], sim::SimOptions{});
-    total.Add(r.coverage);
     std::string reason = r.failure;
     for (char& c : reason) if (c == '\n') c = ' ';
     std::fprintf(out, "R %zu %d %" PRIu64 " %016" PRIx64 " %s\n", i, r.ok ? 1 : 0,
                  r.events, r.trace_hash, reason.c_str());
+    // The seed's coverage right after its result, so a worker stopped at
+    // the budget's end loses only the seed it was running.
+    std::fprintf(out, "C");
+    for (uint64_t h : r.coverage.hits) std::fprintf(out, " %" PRIu64, h);
+    std::fprintf(out, "\n");
   }
-  std::fprintf(out, "C");
-  for (uint64_t h : total.hits) std::fprintf(out, " %" PRIu64, h);
-  std::fprintf(out, "\n");
+  std::fprintf(out, "E\n");
   std::fflush(out);
   _exit(0);
 }
@@ -220,6 +257,7 @@ struct Totals {
   sim::Coverage coverage;
   std::vector<std::string> failures;
   std::map<uint64_t, uint64_t> hashes;  // seed → trace hash (for determinism)
+  std::vector<uint64_t> unfinished;     // seeds stopped at the budget's end
 };
 
 void Spawn(Worker& w, const std::vector<uint64_t>& seeds, size_t stride,
@@ -285,15 +323,19 @@ void HandleLine(const std::string& line, Worker& w, const std::vector<uint64_t>&
       sim::Coverage c;
       for (auto& h : c.hits) in >> h;
       t.coverage.Add(c);
-      w.done = true;
       break;
     }
+    case 'E':
+      w.done = true;
+      break;
   }
 }
 
-// Stops every worker still running (fail-fast): their seeds count neither
-// way.
-void StopAll(std::vector<Worker>& workers) {
+// Stops every worker still running (fail-fast, or the budget's end): their
+// seeds count neither way. With `unfinished`, the seeds they were running
+// are listed there.
+void StopAll(std::vector<Worker>& workers, const std::vector<uint64_t>& seeds,
+             std::vector<uint64_t>* unfinished) {
   for (auto& w : workers) {
     if (w.fd < 0) continue;
     kill(w.pid, SIGKILL);
@@ -301,8 +343,17 @@ void StopAll(std::vector<Worker>& workers) {
     w.fd = -1;
     int status = 0;
     waitpid(w.pid, &status, 0);
+    if (unfinished != nullptr && w.running >= 0) {
+      unfinished->push_back(seeds[static_cast<size_t>(w.running)]);
+    }
   }
 }
+
+// How long past the budget a seed already running may take to finish
+// before its worker is stopped: a tenth of the budget, at least 1 s. Most
+// seeds take milliseconds; a rare one (long timeouts, many crashes, eager
+// heartbeats) takes a minute, and would otherwise stretch the run by that.
+double BudgetGraceS(double budget_s) { return std::max(1.0, budget_s / 10); }
 
 Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bool fail_fast,
                bool verbose) {
@@ -314,16 +365,25 @@ Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bo
     Spawn(workers[j], seeds, jobs, budget_s);
   }
   auto t0 = std::chrono::steady_clock::now();
+  auto elapsed_s = [&t0] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   auto last_progress = t0;
   int alive = jobs;
   while (alive > 0) {
     std::vector<pollfd> fds;
-    for (auto& w : workers) {
-      if (w.fd >= 0) fds.push_back(pollfd{w.fd, POLLIN, 0});
-    }
-    poll(fds.data(), fds.size(), 1000);
+    std::vector<Worker*> polled;
     for (auto& w : workers) {
       if (w.fd < 0) continue;
+      fds.push_back(pollfd{w.fd, POLLIN, 0});
+      polled.push_back(&w);
+    }
+    poll(fds.data(), fds.size(), 1000);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      // Only a worker with something to say: a read on one still running a
+      // long seed would block, and with it the budget's end and progress.
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      Worker& w = *polled[k];
       char buf[65536];
       ssize_t n = read(w.fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
@@ -352,7 +412,7 @@ Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bo
                              ") — a KV_CHECK in the core, see stderr above\n  replay: " +
                              ReplayCommand(seed));
         w.next = static_cast<size_t>(w.running) + jobs;
-        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double el = elapsed_s();
         if (w.next < seeds.size() && (budget_s <= 0 || el < budget_s)) {
           Spawn(w, seeds, jobs, budget_s > 0 ? budget_s - el : 0);
           continue;
@@ -361,7 +421,11 @@ Totals RunMany(const std::vector<uint64_t>& seeds, int jobs, double budget_s, bo
       --alive;
     }
     if (fail_fast && t.failed > 0) {
-      StopAll(workers);
+      StopAll(workers, seeds, nullptr);
+      break;
+    }
+    if (budget_s > 0 && elapsed_s() > budget_s + BudgetGraceS(budget_s)) {
+      StopAll(workers, seeds, &t.unfinished);
       break;
     }
     auto now = std::chrono::steady_clock::now();
@@ -451,7 +515,7 @@ int RunCommand(const SimCliOptions& o) {
                 "kv_load_failure_policy %s, stream chunks %s\n", KvModeName(mode),
                 o.call_order.c_str(), o.call_gap_ms, o.policy.c_str(),
                 mode == KvMode::kPush ? o.stream.c_str() : "off");
-    return RunMatrix(o.scenario, o.trace, configs);
+    return RunMatrix(o.scenario, o.trace, configs, o.json_path);
   }
   if (o.seed >= 0) return RunOne(static_cast<uint64_t>(o.seed), o.trace);
   std::vector<uint64_t> seeds;
@@ -483,6 +547,11 @@ int RunCommand(const SimCliOptions& o) {
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int rc = t.failed > 0 ? 1 : 0;
   for (const auto& f : t.failures) std::printf("%s\n", f.c_str());
+  for (uint64_t seed : t.unfinished) {
+    std::printf("UNFINISHED seed %" PRIu64 ": still running %.0f s past the budget, stopped "
+                "(counted neither way)\n  replay: %s\n", seed, BudgetGraceS(o.budget_s),
+                ReplayCommand(seed).c_str());
+  }
   const uint64_t ran = t.passed + t.failed;
   std::printf("ran %" PRIu64 " seeds in %.1f s on %d processes: %.0f schedules/s, %.2f M events/s\n",
               ran, el, jobs, static_cast<double>(ran) / el,
@@ -492,18 +561,20 @@ int RunCommand(const SimCliOptions& o) {
     std::printf("  %-28s %" PRIu64 "\n", std::string(sim::MarkName(static_cast<Mark>(m))).c_str(),
                 t.coverage.hits[m]);
   }
+  nlohmann::json missing = nlohmann::json::array();
   if (o.require_marks) {
     for (Mark m : kRequiredMarks) {
       if (t.coverage.Of(m) == 0) {
         std::printf("MISSING coverage mark: %s was never hit\n",
                     std::string(sim::MarkName(m)).c_str());
+        missing.push_back(sim::MarkName(m));
         rc = 1;
       }
     }
   }
+  int checked = 0, mismatched = 0;
   if (o.determinism > 0 && !t.hashes.empty()) {
     // Re-run a sample of seeds in this process and compare trace hashes.
-    int checked = 0, mismatched = 0;
     const size_t step = std::max<size_t>(1, t.hashes.size() / static_cast<size_t>(o.determinism));
     size_t k = 0;
     for (const auto& [seed, hash] : t.hashes) {
@@ -520,7 +591,26 @@ int RunCommand(const SimCliOptions& o) {
     std::printf("determinism: %d seeds re-run, %d trace hashes differed\n", checked, mismatched);
     if (mismatched > 0) rc = 1;
   }
-  std::printf("%" PRIu64 " passed, %" PRIu64 " failed\n", t.passed, t.failed);
+  std::printf("%" PRIu64 " passed, %" PRIu64 " failed", t.passed, t.failed);
+  if (!t.unfinished.empty()) std::printf(", %zu unfinished", t.unfinished.size());
+  std::printf("\n");
+  if (!o.json_path.empty()) {
+    nlohmann::json coverage = nlohmann::json::object();
+    for (size_t m = 0; m < static_cast<size_t>(Mark::kCount); ++m) {
+      coverage[std::string(sim::MarkName(static_cast<Mark>(m)))] = t.coverage.hits[m];
+    }
+    const nlohmann::json doc = {
+        {"mode", o.regressions.empty() ? "seeds" : "regressions"},
+        {"seeds_listed", seeds.size()}, {"budget_s", o.budget_s}, {"jobs", jobs},
+        {"passed", t.passed}, {"failed", t.failed}, {"unfinished", t.unfinished},
+        {"wall_s", el}, {"events", t.events},
+        {"schedules_per_s", static_cast<double>(ran) / el},
+        {"events_per_s", static_cast<double>(t.events) / el},
+        {"required_marks", o.require_marks ? std::size(kRequiredMarks) : 0},
+        {"missing_marks", missing}, {"coverage", coverage},
+        {"determinism_checked", checked}, {"determinism_mismatched", mismatched}};
+    if (!WriteJson(o.json_path, doc)) return 2;
+  }
   return rc;
 }
 
@@ -536,7 +626,9 @@ void RegisterSim(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Run one seed in-process and print its details");
   cmd->add_flag("--trace", o->trace, "With --seed: print one line per event");
   cmd->add_option("--budget-s", o->budget_s,
-                  "Stop starting new seeds after this many seconds (0 = no limit)")
+                  "Stop starting new seeds after this many seconds, and stop a seed still "
+                  "running a tenth later (at least 1 s; listed as unfinished, counted neither "
+                  "way) (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--fail-fast", o->fail_fast,
                "Stop at the first failing seed (the other workers' seeds are not counted)");
@@ -577,6 +669,9 @@ void RegisterSim(CLI::App& app) {
                   "on (P hands each finished prompt chunk off while the prefill goes on; push "
                   "mode only), or all (both in turn; read mode: off)")
       ->capture_default_str();
+  cmd->add_option("--json", o->json_path,
+                  "Also write the run's report as JSON to this file (seeded runs: counts, "
+                  "rates, coverage; --matrix/--scenario: one row per run)");
   cmd->callback([o] { SetExitCode(RunCommand(*o)); });
 }
 
