@@ -290,7 +290,7 @@ Result<RemoteSegment> MapRemote(std::span<const uint8_t> registration, bool writ
   Result<ShmRegistration> r = DecodeShmRegistration(registration);
   if (!r.ok()) return r.status();
   const int fd = shm_open(r->name.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
-  if (fd < 0) return UnavailableError(ErrnoMessage(("shm_open " + r->name).c_str()));
+  if (fd < 0) return UnavailableError(ErrnoMessage("shm_open " + r->name));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     Status status = UnavailableError(ErrnoMessage("fstat"));
@@ -334,7 +334,7 @@ class ShmTransport final : public Transport {
     const int fd = shm_open(segment.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
       if (errno == EEXIST) return AlreadyExistsError("shm segment " + segment + " exists");
-      return UnavailableError(ErrnoMessage(("shm_open " + segment).c_str()));
+      return UnavailableError(ErrnoMessage("shm_open " + segment));
     }
     auto fail = [&](const char* what) {
       Status status = UnavailableError(ErrnoMessage(what) + " (" + segment + ")");
