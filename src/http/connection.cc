@@ -39,12 +39,17 @@ std::string Chunk(const std::string& bytes) {
 
 // --- ExchangeHandle -------------------------------------------------------------
 
+// The connection is held only under the lock and only while the server
+// runs: this thread may end up its last owner, and its destructor (the
+// timers, the socket) needs the io_context. Held before the check, a handle
+// answering late destroyed it after the server had stopped (UBSan: invalid
+// vptr in the timer service's destructor, http_server_test under ASan).
 template <typename F>
 void ExchangeHandle::Post(F&& f) {
-  std::shared_ptr<Connection> conn = conn_.lock();
-  if (!conn) return;
   MutexLock lock(&live_->mu);
   if (!live_->alive) return;
+  std::shared_ptr<Connection> conn = conn_.lock();   // released before the lock
+  if (!conn) return;
   asio::post(conn->executor(), [conn, fn = std::forward<F>(f)]() mutable { fn(*conn); });
 }
 

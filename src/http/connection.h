@@ -52,8 +52,9 @@ struct ServerCounters {
       refused_busy{0}, clients_gone{0}, idle_closed{0};
 };
 
-// Whether the server still runs: an exchange posts onto a connection's
-// strand only under this lock, so never onto a destroyed io_context.
+// Whether the server still runs: an exchange holds its connection and posts
+// onto its strand only under this lock, so never onto a destroyed
+// io_context, and never is a connection's last owner once it is gone.
 struct Liveness {
   Mutex mu;
   bool alive GUARDED_BY(mu) = true;
