@@ -17,13 +17,6 @@
 
 namespace kvrelay::cli {
 
-namespace {
-int g_exit_code = 0;
-}  // namespace
-
-int ExitCode() { return g_exit_code; }
-void SetExitCode(int code) { g_exit_code = code; }
-
 void RegisterBench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
