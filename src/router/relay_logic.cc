@@ -135,6 +135,11 @@ void RelayLogic::PrefillEnded(const LegEnd& end) {
   p_done_ = true;
   p_refused_ = end.kind == LegEnd::Kind::kResponse && end.status != 200;
   if (decided()) return;
+  // D's final event is relayed: the client has its whole completion, and
+  // D's [DONE] decides (ok, or aborted as that event said). Anything P's
+  // leg added now would follow the choice that carried finish_reason (both
+  // engines aborting at once: proc_matrix's sleep2-abort-both, together).
+  if (final_seen_) return;
   switch (end.kind) {
     case LegEnd::Kind::kCancelled:
       return Fail(Outcome::kPrefillFailed, "prefill failed: the leg was cancelled");

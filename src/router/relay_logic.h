@@ -20,7 +20,8 @@
 //     a plain engine sends, a completion with finish_reason "abort" (200) —
 //     D's answer as is, or P's (without its kv_transfer_params) with D
 //     cancelled.
-//   - P succeeding decides nothing: D pulls the KV and answers.
+//   - P succeeding decides nothing: D pulls the KV and answers. Nor does
+//     any end of P's leg once D's stream relayed its final event.
 //   - D finishing well (its whole JSON body with a good finish_reason, or
 //     its stream's "data: [DONE]" after a good final event): outcome ok.
 //   - the client going away: outcome client_disconnect, both cancelled.

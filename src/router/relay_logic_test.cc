@@ -332,6 +332,32 @@ TEST(RelayLogicTest, StreamFinalAbortIsRelayedAsIs) {
   EXPECT_EQ(tail, Final("abort") + "data: [DONE]\n\n");
 }
 
+// D's final event relayed before P's leg ends (both engines aborted the
+// request at once): whatever P's leg then says adds nothing after that
+// event, and D's [DONE] ends the stream as the event said.
+TEST(RelayLogicTest, PrefillEndingAfterDecodesFinalEventAddsNothing) {
+  const std::vector<LegEnd> p_ends = {
+      Response(200, R"({"choices":[{"text":"a","finish_reason":"abort"}]})"),
+      Response(200, R"({"choices":[{"finish_reason":"error"}]})"), Response(503, "busy"),
+      Transport("connection reset"), Cancelled()};
+  for (const char* d_final : {"abort", "length"}) {
+    for (const LegEnd& p_end : p_ends) {
+      SCOPED_TRACE(std::string(d_final) + " / " + std::to_string(p_end.status) + " " +
+                   p_end.body + p_end.error);
+      RelayLogic l(true);
+      ASSERT_NO_FATAL_FAILURE(CommitAtFirstEvent(l));
+      l.DecodeData(Final(d_final));
+      l.PrefillEnded(p_end);
+      EXPECT_EQ(l.outcome(), Outcome::kPending);
+      l.DecodeData("data: [DONE]\n\n");
+      EXPECT_EQ(l.outcome(), std::string(d_final) == "abort" ? Outcome::kAborted : Outcome::kOk);
+      bool finished = false, tokens = false;
+      EXPECT_EQ(l.TakeBody(&finished, &tokens), Final(d_final) + "data: [DONE]\n\n");
+      EXPECT_TRUE(finished);
+    }
+  }
+}
+
 // D's error event (its request failed mid-stream) is a decode failure in
 // the router's words, then the end.
 TEST(RelayLogicTest, StreamErrorEventIsADecodeFailure) {
