@@ -153,8 +153,8 @@ void RegisterTransferBench(CLI::App* bench) {
                   "(0: skip)")
       ->capture_default_str();
   cmd->add_option("--inline-write-kib", o->inline_write_kib,
-                  "the engines' --inline-write-kib (shm and tcp writes this small skip the "
-                  "worker hand-off; -1: their default)")
+                  "the engines' --inline-write-kib (shm and tcp writes, and reads in read "
+                  "mode, this small skip the worker hand-off; -1: their default)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 20));
   cmd->add_flag("--no-local-lane", [o](int64_t) { o->local_lane = false; },
                 "the engines' --no-local-lane: control frames over ZeroMQ only (for an "

@@ -293,10 +293,10 @@ void RegisterServe(CLI::App& app) {
   cmd->add_option("--num-workers", o->num_workers, "data-plane writes in flight per rank")
       ->capture_default_str();
   cmd->add_option("--inline-write-kib", o->inline_write_kib,
-                  "a write of at most this many KiB runs on the rank's own thread, saving two "
-                  "thread hand-offs: shm copies it there; tcp sends it without waiting and "
-                  "polls the reply there, when a stream to D is idle (0: every write goes to "
-                  "a worker)")
+                  "a write (read mode: a read) of at most this many KiB runs on the rank's "
+                  "own thread, saving two thread hand-offs: shm copies it there; tcp sends it "
+                  "(or the read request) without waiting and polls the rest there, when a "
+                  "stream to the peer is idle (0: every write and read goes to a worker)")
       ->check(CLI::Range(0u, 1u << 20))
       ->capture_default_str();
   cmd->add_option("--control-nice", o->control_nice,

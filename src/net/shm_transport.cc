@@ -233,6 +233,7 @@ class ShmSource final : public Source {
   ShmSource(const ShmSource&) = delete;
   ShmSource& operator=(const ShmSource&) = delete;
 
+  bool CopiesInPlace() const override { return true; }
   Status Read(TransferId, std::span<const Segment> segments) override {
     Status status = Copy(segments);
     if (status.ok()) {

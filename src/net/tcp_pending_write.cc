@@ -18,12 +18,7 @@ TcpPendingWrite::TcpPendingWrite(StreamPool* pool, int fd, TransferId transfer,
                                  std::span<uint8_t> local, std::span<const Segment> segments,
                                  uint64_t total, Instant deadline,
                                  std::shared_ptr<TransportStats> stats)
-    : pool_(pool),
-      fd_(fd),
-      transfer_(transfer),
-      total_(total),
-      deadline_(deadline),
-      stats_(std::move(stats)) {
+    : TcpPendingIo(Kind::kWrite, pool, fd, transfer, total, deadline, std::move(stats)) {
   EncodeFrameHead(kFrameMagic, transfer, segments, total, header_, table_);
   iov_.reserve(segments.size() + 2);
   iov_.push_back({header_, sizeof header_});
@@ -31,14 +26,8 @@ TcpPendingWrite::TcpPendingWrite(StreamPool* pool, int fd, TransferId transfer,
   for (const Segment& s : segments) iov_.push_back({local.data() + s.src_offset, s.bytes});
 }
 
-TcpPendingWrite::~TcpPendingWrite() {
-  if (state_ != State::kOver) {
-    Abandon(CancelledError("tcp write: abandoned before its reply")).IgnoreError();
-  }
-}
-
 std::optional<Status> TcpPendingWrite::Progress() {
-  KV_CHECK(state_ != State::kOver);
+  KV_CHECK(!over());
   while (state_ == State::kHead || state_ == State::kPayload) {
     // The head goes alone, as in TcpRemote::WriteFrame: the receiver
     // checks its grants while the payload is on its way.
@@ -46,13 +35,13 @@ std::optional<Status> TcpPendingWrite::Progress() {
     msghdr msg{};
     msg.msg_iov = iov_.data() + next_;
     msg.msg_iovlen = std::min(end - next_, kIovBatch);
-    const ssize_t r = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t r = sendmsg(fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;  // wants_write
       return End(UnavailableError(ErrnoMessage("tcp: sending a frame")));
     }
-    last_progress_ = MonoNow();
+    Progressed();
     iovec* rest = iov_.data() + next_;
     size_t left = end - next_;
     ConsumeIov(rest, left, static_cast<size_t>(r));
@@ -60,7 +49,7 @@ std::optional<Status> TcpPendingWrite::Progress() {
     if (left == 0) state_ = state_ == State::kHead ? State::kPayload : State::kReply;
   }
   while (true) {
-    const ssize_t r = recv(fd_, reply_ + got_, sizeof reply_ - got_, MSG_DONTWAIT);
+    const ssize_t r = recv(fd(), reply_ + got_, sizeof reply_ - got_, MSG_DONTWAIT);
     if (r == 0) return End(UnavailableError("tcp write: no reply (peer closed)"));
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -68,29 +57,11 @@ std::optional<Status> TcpPendingWrite::Progress() {
       return End(UnavailableError(ErrnoMessage("tcp write: reading the reply")));
     }
     got_ += static_cast<size_t>(r);
-    last_progress_ = MonoNow();
+    Progressed();
     if (got_ == sizeof reply_) {
-      return End(ParseReply(reply_, kReplyMagic, transfer_, "write"), /*replied=*/true);
+      return End(ParseReply(reply_, kReplyMagic, transfer(), "write"), /*in_step=*/true);
     }
   }
-}
-
-Status TcpPendingWrite::GiveUp() {
-  KV_CHECK(state_ != State::kOver);
-  return End(WaitBound(deadline_).Failed("tcp write: no room or reply for the stall timeout"));
-}
-
-Status TcpPendingWrite::Abandon(Status why) {
-  KV_CHECK(state_ != State::kOver);
-  KV_CHECK(!why.ok());
-  return End(std::move(why));
-}
-
-Status TcpPendingWrite::End(Status status, bool replied) {
-  state_ = State::kOver;
-  pool_->Release(fd_, replied ? status : CancelledError("tcp write ended without its reply"));
-  return CountOutcome(std::move(status), total_,
-                      {stats_->writes_ok, stats_->writes_failed, stats_->bytes_written});
 }
 
 }  // namespace kvrelay::net::tcp

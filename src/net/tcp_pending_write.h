@@ -17,31 +17,23 @@
 // after its last progress if that comes first (a Write's socket waits are
 // bounded the same way).
 //
-// Ownership: made by TcpRemote::StartWrite with an idle stream of its
-// pool, given back (kept or closed, StreamPool::Release) when it ends;
-// its owner keeps the TcpRemote alive meanwhile. Threading: one thread.
-// Invariants: the outcome is counted once in the transport's stats; a
-// pending write destroyed before its end counts as failed and closes its
-// stream (half a frame may be on it).
+// Ownership, threading and invariants: TcpPendingIo's (the stream, giving
+// up, the one end); made by TcpRemote::StartWrite.
 #pragma once
 
 #include <sys/uio.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
-#include "net/tcp_client.h"
-#include "net/tcp_stream.h"
-#include "os/clock.h"
+#include "net/tcp_pending_io.h"
 
 namespace kvrelay::net::tcp {
 
-class TcpPendingWrite final : public PendingWrite {
+class TcpPendingWrite final : public TcpPendingIo {
  public:
   // REQUIRES: `segments` are one frame (ForEachFrame would not split
   // them: non-empty, at most kMaxFrameSegments and kMaxFrameBytes) inside
@@ -49,34 +41,13 @@ class TcpPendingWrite final : public PendingWrite {
   TcpPendingWrite(StreamPool* pool, int fd, TransferId transfer, std::span<uint8_t> local,
                   std::span<const Segment> segments, uint64_t total, Instant deadline,
                   std::shared_ptr<TransportStats> stats);
-  ~TcpPendingWrite() override;
-  TcpPendingWrite(const TcpPendingWrite&) = delete;
-  TcpPendingWrite& operator=(const TcpPendingWrite&) = delete;
 
-  int fd() const override { return fd_; }
   bool wants_write() const override { return state_ != State::kReply; }
-  Instant give_up_at() const override {
-    return std::min(deadline_, last_progress_ + Duration::Milliseconds(kStallTimeoutMs));
-  }
-
   std::optional<Status> Progress() override;
-  Status GiveUp() override;
-  Status Abandon(Status why) override;
 
  private:
-  enum class State : uint8_t { kHead, kPayload, kReply, kOver };
+  enum class State : uint8_t { kHead, kPayload, kReply };
 
-  // The stream is in step only after a whole reply (then Release keeps
-  // it unless the reply said otherwise); any other end closes it.
-  Status End(Status status, bool replied = false);
-
-  StreamPool* const pool_;
-  const int fd_;
-  const TransferId transfer_;
-  const uint64_t total_;
-  const Instant deadline_;
-  const std::shared_ptr<TransportStats> stats_;
-  Instant last_progress_ = MonoNow();
   uint8_t header_[kHeaderBytes] = {};
   std::vector<uint8_t> table_;
   std::vector<iovec> iov_;

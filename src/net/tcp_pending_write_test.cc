@@ -8,59 +8,21 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "net/tcp_pending_fixture.h"
 #include "net/transport.h"
 #include "os/clock.h"
 
 namespace kvrelay::net {
 namespace {
 
-constexpr TransferId kT{0xabc, 0xdef};
-
-// 4 planes × 8 blocks × 4 KiB: a block's four segments are 16 KiB.
-const RegionLayout kLayout{4, 8, 4096};
-
-// Block `src` of every plane on P → block `dst` on D.
-std::vector<Segment> OneBlock(uint32_t src, uint32_t dst) {
-  std::vector<Segment> out;
-  for (uint64_t plane = 0; plane < kLayout.planes; ++plane) {
-    out.push_back(Segment{(plane * kLayout.num_blocks + src) * kLayout.block_stride_bytes,
-                          (plane * kLayout.num_blocks + dst) * kLayout.block_stride_bytes,
-                          kLayout.block_stride_bytes});
-  }
-  return out;
-}
-
-// Polls and steps `w` until it returns its outcome (bounded).
-Status Drive(PendingWrite& w) {
-  for (int i = 0; i < 10'000; ++i) {
-    if (std::optional<Status> s = w.Progress()) return *s;
-    pollfd p{w.fd(), static_cast<short>(w.wants_write() ? POLLOUT : POLLIN), 0};
-    poll(&p, 1, 1000);
-  }
-  return InternalError("the pending write never ended");
-}
-
-class TcpPendingWriteTest : public testing::Test {
+class TcpPendingWriteTest : public TcpPendingFixture {
  protected:
   void SetUp() override {
-    TransportOptions options;
-    options.tcp_streams = 1;  // one stream: "idle or not" is exact
-    options.tcp_stripe_min_bytes = 16 * 1024;
-    auto p = MakeTcpTransport(options);
-    auto d = MakeTcpTransport(options);
-    ASSERT_TRUE(p.ok() && d.ok());
-    p_ = std::move(p).value();
-    d_ = std::move(d).value();
-    auto pr = p_->CreateRegion("p", kLayout);
-    auto dr = d_->CreateRegion("d", kLayout);
-    ASSERT_TRUE(pr.ok() && dr.ok());
-    p_region_ = std::move(pr).value();
-    d_region_ = std::move(dr).value();
-    std::span<uint8_t> bytes = p_region_->bytes();
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + i / 4096);
+    ASSERT_NO_FATAL_FAILURE(TcpPendingFixture::SetUp());
     auto t = p_->Open(d_region_->registration(), p_region_.get());
     ASSERT_TRUE(t.ok());
     target_ = std::move(t).value();
@@ -72,20 +34,6 @@ class TcpPendingWriteTest : public testing::Test {
     ASSERT_TRUE(target_->Write(kT, OneBlock(0, 0)).ok());
   }
 
-  bool Landed(const std::vector<Segment>& segs) {
-    for (const Segment& s : segs) {
-      if (std::memcmp(d_region_->bytes().data() + s.dst_offset,
-                      p_region_->bytes().data() + s.src_offset, s.bytes) != 0) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  Instant Soon() const { return MonoNow() + Duration::Seconds(10); }
-
-  std::unique_ptr<Transport> p_, d_;
-  std::unique_ptr<Region> p_region_, d_region_;
   std::unique_ptr<Target> target_;
 };
 

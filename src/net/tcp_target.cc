@@ -9,10 +9,22 @@
 
 #include "base/check.h"
 #include "net/stripe_plan.h"
+#include "net/tcp_pending_read.h"
 #include "net/tcp_pending_write.h"
 #include "os/errno_message.h"
 
 namespace kvrelay::net::tcp {
+namespace {
+
+// True if `segments` (of `total` bytes) go as one frame of ForEachFrame's,
+// none of them empty: what a pending write or read sends.
+bool OneFrame(std::span<const Segment> segments, uint64_t total) {
+  return !segments.empty() && segments.size() <= kMaxFrameSegments && total <= kMaxFrameBytes &&
+         std::all_of(segments.begin(), segments.end(),
+                     [](const Segment& s) { return s.bytes > 0; });
+}
+
+}  // namespace
 
 TcpRemote::TcpRemote(Region* local, TcpRegistration remote, uint32_t max_streams,
                      uint64_t stripe_min_bytes, std::shared_ptr<TransportStats> stats)
@@ -96,10 +108,8 @@ std::unique_ptr<PendingWrite> TcpRemote::StartWrite(TransferId transfer,
   if (!CheckLocal(local, segments, /*local_is_src=*/true, "write", &total).ok()) {
     return nullptr;  // Write fails it and says why
   }
-  const bool one_frame =
-      !segments.empty() && segments.size() <= kMaxFrameSegments && total <= kMaxFrameBytes &&
-      std::all_of(segments.begin(), segments.end(), [](const Segment& s) { return s.bytes > 0; });
-  if (!one_frame || StripeCount(total, pool_.max_streams(), stripe_min_bytes_) > 1 ||
+  if (!OneFrame(segments, total) ||
+      StripeCount(total, pool_.max_streams(), stripe_min_bytes_) > 1 ||
       WaitBound(deadline).Expired()) {
     return nullptr;
   }
@@ -107,6 +117,23 @@ std::unique_ptr<PendingWrite> TcpRemote::StartWrite(TransferId transfer,
   if (fd < 0) return nullptr;
   return std::make_unique<TcpPendingWrite>(&pool_, fd, transfer, local, segments, total,
                                            deadline, stats_);
+}
+
+std::unique_ptr<PendingWrite> TcpRemote::StartRead(TransferId transfer,
+                                                   std::span<const Segment> segments,
+                                                   Instant deadline) {
+  const std::span<uint8_t> local = local_->bytes();
+  uint64_t total = 0;
+  if (!CheckLocal(local, segments, /*local_is_src=*/false, "read", &total).ok() ||
+      !OneFrame(segments, total) ||
+      StripeCount(total, pool_.max_streams(), stripe_min_bytes_) > 1 ||
+      WaitBound(deadline).Expired()) {
+    return nullptr;  // Read fails or runs it
+  }
+  const int fd = pool_.TryAcquireIdle();
+  if (fd < 0) return nullptr;
+  return std::make_unique<TcpPendingRead>(&pool_, fd, transfer, local, segments, total, deadline,
+                                          stats_);
 }
 
 Status TcpRemote::Read(TransferId transfer, std::span<const Segment> segments) {

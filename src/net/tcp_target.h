@@ -59,6 +59,10 @@ class TcpRemote final : public Target, public Source {
                                            Instant deadline) override;
 
   Status Read(TransferId transfer, std::span<const Segment> segments) override;
+  // A read of one frame on one idle stream, driven by the caller's loop
+  // (tcp_pending_read.h); see Source::StartRead for when it is nullptr.
+  std::unique_ptr<PendingWrite> StartRead(TransferId transfer, std::span<const Segment> segments,
+                                          Instant deadline) override;
 
  private:
   // Runs `segments` as up to `want` stripes, stripe_fn(fd, stripe) each on

@@ -118,9 +118,10 @@ class Region {
 };
 
 // A write started on its caller's thread that finishes without blocking it
-// (Target::StartWrite): its owner polls fd() — for writing while
-// wants_write(), else for reading — and calls Progress() when the fd is
-// ready (or in error), until Progress returns the outcome.
+// (Target::StartWrite), or a read (Source::StartRead: a "write" from the
+// remote region into the local one): its owner polls fd() — for writing
+// while wants_write(), else for reading — and calls Progress() when the fd
+// is ready (or in error), until Progress returns the outcome.
 // Each step takes only what the socket holds or has without waiting.
 //
 // Ownership: the caller of StartWrite, which also keeps the Target alive
@@ -203,6 +204,18 @@ class Source {
   // its process is gone, the path to it broke or stalled past the stall
   // timeout), kDeadlineExceeded (ucx: gets not complete in time).
   virtual Status Read(TransferId transfer, std::span<const Segment> segments) = 0;
+  // As Target::CopiesInPlace: Read is only a copy between two local
+  // mappings, so a caller may run a small one on its own thread.
+  virtual bool CopiesInPlace() const { return false; }
+  // A read its caller can drive from its own event loop, as
+  // Target::StartWrite: tcp, a read that fits one frame and one stream, an
+  // idle connection to hand. nullptr otherwise, and the caller uses Read.
+  // Unlike Read, it is given up at `deadline` (PendingWrite::give_up_at).
+  virtual std::unique_ptr<PendingWrite> StartRead(TransferId /*transfer*/,
+                                                  std::span<const Segment> /*segments*/,
+                                                  Instant /*deadline*/) {
+    return nullptr;
+  }
 };
 
 struct TransportOptions {

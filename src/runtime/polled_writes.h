@@ -1,5 +1,7 @@
 // polled_writes.h — PolledWrites: the small writes a rank's own loop drives,
-// beside its control sockets, instead of handing them to a worker.
+// beside its control sockets, instead of handing them to a worker — and,
+// in read mode, D's small reads (a read is a WriteJob whose target is
+// ReadAsWrite(source), whose StartWrite is the source's StartRead).
 //
 // Why: waking a worker and being woken back costs two thread hand-offs,
 // more than a small tcp write on an idle stream. Such a write goes out as

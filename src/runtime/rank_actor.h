@@ -117,6 +117,9 @@ class RankActor {
   // its outcome for the session and drops a target that lost its peer.
   void CountWrite(const Status& s, uint64_t bytes, Instant started);
   void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
+  void CountRead(const Status& s, uint64_t bytes);
+  // `key`: the source's (P engine, P rank).
+  void OnReadJobDone(ReadId id, std::pair<uint32_t, uint32_t> key, bool ok, bool broken);
   void StartReadJob(StartRead r);
   // A job copying P rank `p`'s blocks `src` into D rank `d`'s `dst`, planned
   // as P writes them (a read runs the same plan); nullopt, counted and
@@ -164,7 +167,9 @@ class RankActor {
   std::map<std::pair<uint32_t, uint32_t>, Conn> conns_;
   std::unordered_map<uint32_t, DTarget> targets_;  // P: by peer index
   std::vector<std::pair<WriteId, bool>> deferred_write_done_;
-  PolledWrites polled_;  // P: small writes the loop drives (≤ num_workers, the send table's bound)
+  // Small writes (P) and reads (D) the loop drives; each holds an idle
+  // stream of its peer's pool, so ≤ --tcp-streams per peer rank.
+  PolledWrites polled_;
   std::vector<std::pair<ReadId, bool>> deferred_read_done_;
   Instant next_chores_;
   uint64_t send_failures_ = 0;     // frames no socket took (counted as unroutable)

@@ -5,14 +5,15 @@
 // Why a file of its own: rank_actor.cc is the control channel (sockets,
 // frames, heartbeats), rank_actor_handshake.cc the handshakes; this is the
 // part that moves bytes and decides which thread moves them. A small write
-// that cannot block runs on the rank's thread: a local copy (shm) at once,
-// a tcp frame as a PolledWrite the loop drives (sent without waiting, its
-// reply polled beside the control sockets). Every other job goes to the
-// rank's WriterPool and its outcome comes back through the inbox.
+// or read that cannot block runs on the rank's thread: a local copy (shm)
+// at once, a tcp frame or read request as a polled job the loop drives
+// (sent without waiting, the rest polled beside the control sockets).
+// Every other job goes to the rank's WriterPool and its outcome comes back
+// through the inbox.
 //
 // Thread safety: every function here runs on the rank's thread, except the
 // jobs' `done` callbacks of pool jobs, which run on a worker and only count
-// and post back (CountWrite and the counters are atomics).
+// and post back (CountWrite, CountRead and the counters are atomics).
 #include <memory>
 #include <string>
 
@@ -66,28 +67,53 @@ void RankActor::StartReadJob(StartRead r) {
   const ReadId id = r.read;
   const uint64_t bytes = job.bytes;
   const std::pair<uint32_t, uint32_t> key{c.engine, c.rank};
-  job.done = [this, id, bytes, key](const Status& s) {
-    if (s.ok()) {
-      ++counters_.reads_ok;
-      counters_.bytes_read += bytes;
-    } else {
-      ++counters_.reads_failed;
-      LogOnce("rank", "read:" + std::string(StatusCodeName(s.code())),
-              "rank " + std::to_string(options_.rank) + ": a read failed: " + s.ToString());
+  // A small read runs on this thread, as a small write does (below): an
+  // shm copy at once, a tcp request as a PendingWrite the loop drives. Its
+  // outcome is queued before Pump looks again.
+  if (bytes <= options_.inline_write_bytes) {
+    job.done = [this, id, bytes, key](const Status& s) {
+      CountRead(s, bytes);
+      OnReadJobDone(id, key, s.ok(), s.code() == StatusCode::kUnavailable);
+    };
+    if (job.target->CopiesInPlace()) {
+      ++counters_.reads_inline;
+      WriterPool::RunJob(job);
+      return;
     }
+    if (polled_.Start(job)) {
+      ++counters_.reads_inline;
+      return;
+    }
+  }
+  job.done = [this, id, bytes, key](const Status& s) {
+    CountRead(s, bytes);
     const bool ok = s.ok();
     const bool broken = s.code() == StatusCode::kUnavailable;
-    inbox_.Post([this, id, ok, broken, key] {
-      deferred_read_done_.emplace_back(id, ok);
-      // A source that lost its P stays failed: reopen on the next handshake.
-      auto conn = conns_.find(key);
-      if (broken && conn != conns_.end()) {
-        conn->second.source.reset();
-        session_.OnSourceBroken(key.first, key.second);
-      }
-    });
+    inbox_.Post([this, id, ok, broken, key] { OnReadJobDone(id, key, ok, broken); });
   };
   if (!writers_->Submit(std::move(job))) deferred_read_done_.emplace_back(id, false);
+}
+
+void RankActor::CountRead(const Status& s, uint64_t bytes) {
+  if (s.ok()) {
+    ++counters_.reads_ok;
+    counters_.bytes_read += bytes;
+  } else {
+    ++counters_.reads_failed;
+    LogOnce("rank", "read:" + std::string(StatusCodeName(s.code())),
+            "rank " + std::to_string(options_.rank) + ": a read failed: " + s.ToString());
+  }
+}
+
+void RankActor::OnReadJobDone(ReadId id, std::pair<uint32_t, uint32_t> key, bool ok,
+                              bool broken) {
+  deferred_read_done_.emplace_back(id, ok);
+  // A source that lost its P stays failed: reopen on the next handshake.
+  auto conn = conns_.find(key);
+  if (broken && conn != conns_.end()) {
+    conn->second.source.reset();
+    session_.OnSourceBroken(key.first, key.second);
+  }
 }
 
 void RankActor::StartWriteJob(StartWrite w) {

@@ -33,7 +33,9 @@ struct RankActorOptions {
   // mappings (shm), or a tcp frame sent without waiting whose reply the
   // rank's loop polls (net::PendingWrite). Waking a worker and being woken
   // back costs two thread hand-offs, more than such a write
-  // (docs/performance.md). 0: never.
+  // (docs/performance.md). D, read mode: a read of at most this many bytes
+  // likewise (an shm copy, or a tcp read request whose head, payload and
+  // trailer the loop polls). 0: never.
   uint64_t inline_write_bytes = 1 << 20;
   WireLimits limits;
   int socket_hwm = 100000;             // ZeroMQ high-water mark, each way

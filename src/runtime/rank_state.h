@@ -40,6 +40,7 @@ struct RankCounters {
   std::atomic<uint64_t> lane_frames_out{0};  // of frames_out, sent on a local lane
   std::atomic<uint64_t> lanes_opened{0}, lanes_broken{0};
   std::atomic<uint64_t> reads_ok{0}, reads_failed{0}, bytes_read{0};  // read mode, D
+  std::atomic<uint64_t> reads_inline{0};  // of those, run on the rank's thread
   std::atomic<uint64_t> pulls_sent{0}, answers_received{0};
   // Access control. auth_failed: handshakes refused because their MAC did
   // not check, their echo redeemed no challenge, or one side has a token

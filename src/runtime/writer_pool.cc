@@ -59,6 +59,12 @@ class ReadThroughSource final : public net::Target {
   Status Write(TransferId transfer, std::span<const net::Segment> segments, Instant) override {
     return source_->Read(transfer, segments);
   }
+  bool CopiesInPlace() const override { return source_->CopiesInPlace(); }
+  std::unique_ptr<net::PendingWrite> StartWrite(TransferId transfer,
+                                                std::span<const net::Segment> segments,
+                                                Instant deadline) override {
+    return source_->StartRead(transfer, segments, deadline);
+  }
 
  private:
   std::shared_ptr<net::Source> source_;

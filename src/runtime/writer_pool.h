@@ -39,7 +39,9 @@ struct WriteJob {
 };
 
 // A target whose "write" reads the segments from `source` (P's region) into
-// this rank's: read mode's reads run on the same pool as writes.
+// this rank's: read mode's reads run on the same pool as writes, and where
+// a small write may run on the rank's thread (CopiesInPlace, StartWrite)
+// so may a small read (the source's CopiesInPlace, StartRead).
 std::shared_ptr<net::Target> ReadAsWrite(std::shared_ptr<net::Source> source);
 
 class WriterPool {

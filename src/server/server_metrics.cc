@@ -43,6 +43,12 @@ constexpr RankCounterMetric kRankCounterMetrics[] = {
      "of the writes, run on the rank's own thread (small shm and tcp ones) (P)",
      &RC::writes_inline},
     {"kvrelay_bytes_moved_total", "KV bytes written to D engines (P)", &RC::bytes_written},
+    {"kvrelay_reads_ok_total", "data-plane reads completed (D, read mode)", &RC::reads_ok},
+    {"kvrelay_reads_failed_total", "data-plane reads failed (D, read mode)", &RC::reads_failed},
+    {"kvrelay_reads_inline_total",
+     "of the reads, run on the rank's own thread (small shm and tcp ones) (D, read mode)",
+     &RC::reads_inline},
+    {"kvrelay_bytes_read_total", "KV bytes read from P engines (D, read mode)", &RC::bytes_read},
     {"kvrelay_pulls_sent_total", "pull items sent (D)", &RC::pulls_sent},
     {"kvrelay_answers_received_total", "answers received (D)", &RC::answers_received},
     {"kvrelay_lane_frames_sent_total",
@@ -296,18 +302,21 @@ ServerMetrics::ServerMetrics() {
             }
             return n;
           });
-  const char* kLoadHelp = "loads ended (D), by outcome";
-  auto load_counter = [&](const char* outcome, uint64_t LoadTableStats::*field) {
-    counter("kvrelay_loads_total", kLoadHelp, {{"outcome", outcome}}, [s, field] {
+  const char* kLoadHelp = "loads ended (D, push or read mode), by outcome";
+  // A rank runs one mode: the other mode's table stays at zero.
+  auto load_counter = [&](const char* outcome, uint64_t LoadTableStats::*push,
+                          uint64_t ReadLoadTableStats::*read) {
+    counter("kvrelay_loads_total", kLoadHelp, {{"outcome", outcome}}, [s, push, read] {
       uint64_t n = 0;
-      for (const auto& rk : s->ranks) n += rk.load_stats.*field;
+      for (const auto& rk : s->ranks) n += rk.load_stats.*push + rk.read_stats.*read;
       return n;
     });
   };
-  load_counter("ok", &LoadTableStats::loads_ok);
-  load_counter("failed", &LoadTableStats::loads_failed);
-  load_counter("released", &LoadTableStats::loads_released);
-  load_counter("cut_short", &LoadTableStats::loads_cut_short);
+  load_counter("ok", &LoadTableStats::loads_ok, &ReadLoadTableStats::loads_ok);
+  load_counter("failed", &LoadTableStats::loads_failed, &ReadLoadTableStats::loads_failed);
+  load_counter("released", &LoadTableStats::loads_released, &ReadLoadTableStats::loads_released);
+  load_counter("cut_short", &LoadTableStats::loads_cut_short,
+               &ReadLoadTableStats::loads_cut_short);
   auto rank_counters = [&](Section section) {
     for (size_t i = 0; i < kRankCounterCount; ++i) {
       const RankCounterMetric& m = kRankCounterMetrics[i];

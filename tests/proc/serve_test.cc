@@ -1274,6 +1274,43 @@ TEST_F(LocalLaneTest, SmallTcpWritesRunOnTheRankThread) {
   }
 }
 
+// Read mode: a small read runs on D's rank thread — an shm copy at once, a
+// tcp request polled by the rank's loop once a stream to P is open —
+// instead of a worker; --inline-write-kib 0 sends every one to the
+// workers. Either way every load ends ok with P's bytes (D's output is
+// checked against the reference).
+TEST_F(LocalLaneTest, SmallReadsRunOnTheRankThread) {
+  for (const std::string transport : {"shm", "tcp"}) {
+    for (const bool inline_on : {true, false}) {
+      SCOPED_TRACE(transport + (inline_on ? " default" : " --inline-write-kib 0"));
+      PairConfig c;
+      c.p_extra = {"--kv-mode", "read"};
+      c.d_extra = {"--kv-mode", "read"};
+      if (!inline_on) c.d_extra.insert(c.d_extra.end(), {"--inline-write-kib", "0"});
+      START_PAIR(transport, c);
+      Handoffs(5);
+      const double inline_reads = Metric(*d_, "kvrelay_reads_inline_total");
+      const double ok = Metric(*d_, "kvrelay_reads_ok_total");
+      EXPECT_GE(ok, 6);  // the warm-up and 5 hand-offs
+      EXPECT_GT(Metric(*d_, "kvrelay_bytes_read_total"), 0);
+      if (!inline_on) {
+        EXPECT_EQ(inline_reads, 0);
+      } else if (transport == "shm") {
+        EXPECT_EQ(inline_reads, ok) << "every shm read is a copy on the rank's thread";
+      } else {
+        EXPECT_GE(inline_reads, ok - 1) << "only the first (which opens the stream) needs a worker";
+      }
+      EXPECT_EQ(Metric(*d_, "kvrelay_reads_failed_total"), 0);
+      ExpectBothIdle();
+      const std::string m = d_->Metrics();
+      EXPECT_GE(MetricSum(m, "kvrelay_loads_total", R"(outcome="ok")"), 6);
+      EXPECT_EQ(MetricSum(m, "kvrelay_loads_total", R"(outcome="failed")"), 0);
+      d_.reset();
+      p_.reset();
+    }
+  }
+}
+
 // With --no-local-lane on P, D finds no lane there and uses ZeroMQ; on D
 // alone, D does not look for one.
 TEST_F(LocalLaneTest, WithoutItOnEitherSideEverythingTakesZeroMQ) {

@@ -1,0 +1,227 @@
+// tcp_pending_read_test.cc — a tcp read driven by its caller's loop
+// (Source::StartRead, TcpPendingRead) against a real P region's server:
+// when it is offered, that its bytes and outcome are those of Read (a
+// refused head, a refused trailer), that its stream is kept only when in
+// step, and that an abandoned or stalled one counts once, closes its
+// stream and lands nothing afterwards.
+#include "net/tcp_pending_read.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "net/tcp_pending_fixture.h"
+#include "net/transport.h"
+#include "os/clock.h"
+
+namespace kvrelay::net {
+namespace {
+
+class TcpPendingReadTest : public TcpPendingFixture {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(TcpPendingFixture::SetUp());
+    auto s = d_->OpenSource(p_region_->registration(), d_region_.get());
+    ASSERT_TRUE(s.ok());
+    source_ = std::move(s).value();
+  }
+
+  // Opens the pool's one stream with a blocking Read of block 0 → 0.
+  void WarmUp() {
+    p_region_->read_grants().Grant(kT, std::vector<uint32_t>{0});
+    ASSERT_TRUE(source_->Read(kT, OneBlock(0, 0)).ok());
+  }
+
+  bool DstBlockZero(uint32_t block) {
+    for (uint64_t plane = 0; plane < kLayout.planes; ++plane) {
+      const auto first = d_region_->bytes().begin() +
+                         static_cast<ptrdiff_t>((plane * kLayout.num_blocks + block) *
+                                                kLayout.block_stride_bytes);
+      if (!std::all_of(first, first + static_cast<ptrdiff_t>(kLayout.block_stride_bytes),
+                       [](uint8_t b) { return b == 0; })) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::unique_ptr<Source> source_;
+};
+
+TEST_F(TcpPendingReadTest, OfferedOnlyWithAnIdleStreamAndNeverConnects) {
+  EXPECT_EQ(source_->StartRead(kT, OneBlock(1, 1), Soon()), nullptr);  // nothing open yet
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  auto r = source_->StartRead(kT, OneBlock(1, 1), Soon());
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->wants_write()) << "the request goes first";
+  // The one stream is now the pending read's: nothing idle for another.
+  EXPECT_EQ(source_->StartRead(kT, OneBlock(2, 2), Soon()), nullptr);
+}
+
+TEST_F(TcpPendingReadTest, LandsTheBytesCountsOnceAndGivesTheStreamBack) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const uint64_t ok0 = d_->stats().reads_ok, bytes0 = d_->stats().bytes_read;
+  const uint64_t served0 = p_->stats().bytes_served;
+  p_region_->read_grants().Grant(kT, std::vector<uint32_t>{3});
+  const auto segs = OneBlock(3, 5);
+  auto r = source_->StartRead(kT, segs, Soon());
+  ASSERT_NE(r, nullptr);
+  EXPECT_LE(r->give_up_at(), Soon());  // the deadline, before the 30 s stall bound
+  const Status s = Drive(*r);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(Landed(segs));
+  EXPECT_EQ(d_->stats().reads_ok, ok0 + 1);
+  EXPECT_EQ(d_->stats().bytes_read, bytes0 + 4 * kLayout.block_stride_bytes);
+  EXPECT_EQ(p_->stats().bytes_served, served0 + 4 * kLayout.block_stride_bytes);
+  EXPECT_NE(source_->StartRead(kT, OneBlock(3, 6), Soon()), nullptr) << "stream not kept";
+}
+
+// P's server refuses at the head (the block is not granted for read): no
+// byte lands, the read fails kFailedPrecondition, the stream stays in step.
+TEST_F(TcpPendingReadTest, AnUngrantedReadIsRefusedAndTheStreamStaysInStep) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const uint64_t failed0 = d_->stats().reads_failed;
+  auto r = source_->StartRead(kT, OneBlock(6, 6), Soon());  // block 6 not granted
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(Drive(*r).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d_->stats().reads_failed, failed0 + 1);
+  EXPECT_TRUE(DstBlockZero(6));
+  r.reset();
+  p_region_->read_grants().Grant(kT, std::vector<uint32_t>{6});
+  auto again = source_->StartRead(kT, OneBlock(6, 6), Soon());
+  ASSERT_NE(again, nullptr) << "a refused request leaves the stream in step: it is kept";
+  EXPECT_TRUE(Drive(*again).ok());
+  EXPECT_TRUE(Landed(OneBlock(6, 6)));
+}
+
+// Revoked while the payload was on its way: the server's trailer refuses,
+// so the read fails although its bytes arrived, and the stream is in step.
+// 32 MiB is more than both sockets' buffers hold, so the server is still
+// sending when the grant goes.
+TEST_F(TcpPendingReadTest, RevokedWhileTheBytesWentOutTheTrailerFailsIt) {
+  const RegionLayout big{1, 2, 32 << 20};  // 2 blocks of 32 MiB
+  TransportOptions options;
+  options.tcp_streams = 1;
+  auto p = MakeTcpTransport(options);
+  auto d = MakeTcpTransport(options);
+  ASSERT_TRUE(p.ok() && d.ok());
+  auto pr = p.value()->CreateRegion("pbig", big);
+  auto dr = d.value()->CreateRegion("dbig", big);
+  ASSERT_TRUE(pr.ok() && dr.ok());
+  std::span<uint8_t> src = pr.value()->bytes();
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + i / 999);
+  auto source = d.value()->OpenSource(pr.value()->registration(), dr.value().get());
+  ASSERT_TRUE(source.ok());
+  pr.value()->read_grants().Grant(kT, std::vector<uint32_t>{0, 1});
+  ASSERT_TRUE(source.value()->Read(kT, std::vector<Segment>{{0, 0, 4096}}).ok());  // the stream
+  const std::vector<Segment> block1{{32 << 20, 32 << 20, 32 << 20}};
+  auto r = source.value()->StartRead(kT, block1, Soon());
+  ASSERT_NE(r, nullptr);
+  // The request goes out; the step that sends it reads nothing.
+  ASSERT_FALSE(r->Progress().has_value());
+  ASSERT_FALSE(r->wants_write());
+  poll(nullptr, 0, 200);  // the server fills both buffers and waits
+  pr.value()->read_grants().RevokeAll(kT);
+  const uint64_t failed0 = d.value()->stats().reads_failed;
+  const Status s = Drive(*r);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(d.value()->stats().reads_failed, failed0 + 1);
+  EXPECT_EQ(p.value()->stats().reads_refused, 1u);
+  r.reset();
+  pr.value()->read_grants().Grant(kT, std::vector<uint32_t>{1});
+  auto again = source.value()->StartRead(kT, block1, Soon());
+  ASSERT_NE(again, nullptr) << "in step: kept";
+  EXPECT_TRUE(Drive(*again).ok());
+  EXPECT_EQ(std::memcmp(dr.value()->bytes().data() + (32 << 20),
+                        pr.value()->bytes().data() + (32 << 20), 32 << 20),
+            0);
+}
+
+// Given up past its deadline, it ends kDeadlineExceeded, counted once, and
+// its stream is closed: P's late bytes can no longer land.
+TEST_F(TcpPendingReadTest, GivenUpPastItsDeadlineItEndsDeadlineExceeded) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const uint64_t failed0 = d_->stats().reads_failed;
+  const Instant deadline = MonoNow() + Duration::Milliseconds(20);
+  auto r = source_->StartRead(kT, OneBlock(1, 1), deadline);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->give_up_at(), deadline);
+  while (MonoNow() < deadline) poll(nullptr, 0, 5);
+  EXPECT_EQ(r->GiveUp().code(), StatusCode::kDeadlineExceeded);
+  r.reset();
+  EXPECT_EQ(d_->stats().reads_failed, failed0 + 1);
+  EXPECT_EQ(source_->StartRead(kT, OneBlock(1, 1), Soon()), nullptr);  // closed, not kept
+}
+
+TEST_F(TcpPendingReadTest, WithoutADeadlineTheStallTimeoutBoundsIt) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  const Instant before = MonoNow();
+  auto r = source_->StartRead(kT, OneBlock(1, 1), Instant::Never());
+  ASSERT_NE(r, nullptr);
+  EXPECT_GE(r->give_up_at(), before + Duration::Seconds(30));
+  EXPECT_LE(r->give_up_at(), MonoNow() + Duration::Seconds(30));
+}
+
+TEST_F(TcpPendingReadTest, EmptyLateOrOutsideReadsAreLeftToRead) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  EXPECT_EQ(source_->StartRead(kT, {}, Soon()), nullptr);
+  EXPECT_EQ(source_->StartRead(kT, OneBlock(1, 1), MonoNow() - Duration::Milliseconds(1)),
+            nullptr);
+  std::vector<Segment> outside = OneBlock(1, 1);
+  outside[0].dst_offset = kLayout.bytes();  // the local (destination) side
+  EXPECT_EQ(source_->StartRead(kT, outside, Soon()), nullptr);
+  EXPECT_NE(source_->StartRead(kT, OneBlock(1, 1), Soon()), nullptr);  // still idle
+}
+
+// A read Read would stripe over several streams is left to Read.
+TEST_F(TcpPendingReadTest, AReadThatWouldBeStripedIsLeftToRead) {
+  TransportOptions options;
+  options.tcp_streams = 2;
+  options.tcp_stripe_min_bytes = 16 * 1024;
+  auto d2 = MakeTcpTransport(options);
+  ASSERT_TRUE(d2.ok());
+  auto region = d2.value()->CreateRegion("d2", kLayout);
+  ASSERT_TRUE(region.ok());
+  auto source = d2.value()->OpenSource(p_region_->registration(), region.value().get());
+  ASSERT_TRUE(source.ok());
+  p_region_->read_grants().Grant(kT, std::vector<uint32_t>{0});
+  ASSERT_TRUE(source.value()->Read(kT, OneBlock(0, 0)).ok());  // one stream open, idle
+  std::vector<Segment> two_blocks = OneBlock(1, 1);
+  for (const Segment& s : OneBlock(2, 2)) two_blocks.push_back(s);  // 32 KiB ≥ 2 × 16 KiB
+  EXPECT_EQ(source.value()->StartRead(kT, two_blocks, Soon()), nullptr);
+  EXPECT_NE(source.value()->StartRead(kT, OneBlock(1, 1), Soon()), nullptr);
+}
+
+// (Before its first step: once sent, the answer may already be in by the
+// next step on this loopback.)
+TEST_F(TcpPendingReadTest, AbandonedOrDroppedBeforeItEndsCountsOnceAndClosesTheStream) {
+  for (const bool abandon : {true, false}) {
+    SCOPED_TRACE(abandon ? "Abandon" : "destroyed");
+    ASSERT_NO_FATAL_FAILURE(WarmUp());
+    const uint64_t failed0 = d_->stats().reads_failed, ok0 = d_->stats().reads_ok;
+    p_region_->read_grants().Grant(kT, std::vector<uint32_t>{1});
+    auto r = source_->StartRead(kT, OneBlock(1, 1), Soon());
+    ASSERT_NE(r, nullptr);
+    if (abandon) {
+      EXPECT_EQ(r->Abandon(CancelledError("stop")).code(), StatusCode::kCancelled);
+    }
+    r.reset();
+    EXPECT_EQ(d_->stats().reads_failed, failed0 + 1);
+    EXPECT_EQ(d_->stats().reads_ok, ok0);
+    EXPECT_EQ(source_->StartRead(kT, OneBlock(1, 1), Soon()), nullptr);  // closed, not kept
+  }
+}
+
+TEST_F(TcpPendingReadTest, APeerThatGoesAwayEndsItUnavailable) {
+  ASSERT_NO_FATAL_FAILURE(WarmUp());
+  auto r = source_->StartRead(kT, OneBlock(1, 1), Soon());
+  ASSERT_NE(r, nullptr);
+  p_region_.reset();  // P's server closes its connections
+  EXPECT_EQ(Drive(*r).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvrelay::net
