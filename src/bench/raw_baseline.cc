@@ -88,6 +88,7 @@ Result<std::vector<double>> RawShmCopy(const std::vector<RawTransfer>& transfers
   uint8_t* d = static_cast<uint8_t*>(dst);
   for (int pass = 0; pass < kPasses; ++pass) {
     for (const RawTransfer& t : transfers) {
+      raw::IdleBefore(options.idle_before);
       const auto t0 = Clock::now();
       for (const net::Segment& s : t) {
         std::memcpy(d + s.dst_offset, src->data() + s.src_offset, s.bytes);
@@ -184,6 +185,7 @@ Result<std::vector<double>> RawTcpStream(const std::vector<RawTransfer>& transfe
   seconds.reserve(transfers.size());
   for (int pass = 0; pass < kPasses && failed.ok(); ++pass) {
     for (const std::vector<RawTransfer>& stripes : plan) {
+      raw::IdleBefore(options.idle_before);
       const auto t0 = Clock::now();
       // One flag per stripe (not vector<bool>: threads write their own).
       std::vector<uint8_t> ok(stripes.size(), 0);

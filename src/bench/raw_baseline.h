@@ -43,6 +43,10 @@ struct RawOptions {
   // TransportOptions::tcp_stripe_min_bytes (1: one stream, no striping).
   uint32_t tcp_streams = 1;
   uint64_t tcp_stripe_min_bytes = net::TransportOptions{}.tcp_stripe_min_bytes;
+  // Each transfer (of both passes) starts after this long asleep, as
+  // kvrelay's start after a prefill and two HTTP legs (0: back to back,
+  // both processes' threads still awake from the last one).
+  std::chrono::microseconds idle_before{0};
 };
 
 // Seconds each transfer took, in order. Errors: kUnavailable (a helper

@@ -61,6 +61,23 @@ TEST(RawBaselineTest, TcpStreamStripedOverFourStreamsMovesTheBytes) {
   }
 }
 
+// idle_before: every transfer of both passes starts after that long
+// asleep, outside its timing: the run lasts at least 2 × 10 × the idle time,
+// and the bytes still land (the helper's hash).
+TEST(RawBaselineTest, IdleBeforeSleepsBeforeEveryTransferOfBothPasses) {
+  for (auto fn : {&RawShmCopy, &RawTcpStream, &RawUcxPut}) {
+    RawOptions o;
+    o.idle_before = std::chrono::milliseconds(5);
+    const auto transfers = Transfers(1, &o);
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<std::vector<double>> r = fn(transfers, o);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->size(), transfers.size());
+    EXPECT_GE(took, 2 * 10 * o.idle_before);
+  }
+}
+
 TEST(RawBaselineTest, ZmqRoundTripsAreTimed) {
   Result<std::vector<double>> r = ZmqRoundTrips(20, 64);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

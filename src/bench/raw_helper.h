@@ -18,11 +18,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/result.h"
@@ -30,6 +32,11 @@
 #include "os/errno_message.h"
 
 namespace kvrelay::bench::raw {
+
+// Before a transfer: `idle` asleep (RawOptions::idle_before; 0: none).
+inline void IdleBefore(std::chrono::microseconds idle) {
+  if (idle.count() > 0) std::this_thread::sleep_for(idle);
+}
 
 inline bool SendAll(int fd, const void* data, size_t n) {
   const uint8_t* p = static_cast<const uint8_t*>(data);

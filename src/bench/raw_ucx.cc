@@ -152,6 +152,7 @@ Result<std::vector<double>> RawUcxPut(const std::vector<RawTransfer>& transfers,
   // Two passes, the second timed (see raw_baseline.cc).
   for (int pass = 0; pass < 2 && failed.ok(); ++pass) {
     for (const RawTransfer& t : transfers) {
+      raw::IdleBefore(options.idle_before);
       const auto t0 = std::chrono::steady_clock::now();
       ucp_request_param_t put{};
       put.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;

@@ -112,7 +112,8 @@ void RegisterTransferBench(CLI::App* bench) {
       "transfer",
       "KV hand-off bandwidth and latency through real P and D processes, each size beside the "
       "raw mechanism (memcpy into a shared mapping, a socket stream, a UCX put) measured in the "
-      "same run, plus one-block latency against a bare ZeroMQ round trip");
+      "same run (for one block also, as context, the raw mechanism from idle, as kvrelay's "
+      "transfers start), plus one-block latency against a bare ZeroMQ round trip");
   cmd->add_option("--transports", o->transports, "shm, tcp, ucx")->capture_default_str();
   cmd->add_option("--kv-mode", o->kv_mode,
                   "push (P writes into D; pull → answer) or read (D reads from P under a lease; "
