@@ -210,7 +210,9 @@ class Source {
   // A read its caller can drive from its own event loop, as
   // Target::StartWrite: tcp, a read that fits one frame and one stream, an
   // idle connection to hand. nullptr otherwise, and the caller uses Read.
-  // Unlike Read, it is given up at `deadline` (PendingWrite::give_up_at).
+  // Unlike Read, it is given up at `deadline` (PendingWrite::give_up_at):
+  // the time by which the read must have landed, not the one by which it
+  // must start.
   virtual std::unique_ptr<PendingWrite> StartRead(TransferId /*transfer*/,
                                                   std::span<const Segment> /*segments*/,
                                                   Instant /*deadline*/) {

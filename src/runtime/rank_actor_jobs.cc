@@ -80,9 +80,16 @@ void RankActor::StartReadJob(StartRead r) {
       WriterPool::RunJob(job);
       return;
     }
-    if (polled_.Start(job)) {
-      ++counters_.reads_inline;
-      return;
+    // r.deadline is the last instant a read may start; one that started
+    // must land by the lease view, read_margin later (docs/read-mode.md,
+    // "The read margin"), so a polled read is given up there.
+    if (MonoNow() < r.deadline) {
+      job.deadline = r.deadline + options_.timings.read_margin;
+      if (polled_.Start(job)) {
+        ++counters_.reads_inline;
+        return;
+      }
+      job.deadline = r.deadline;
     }
   }
   job.done = [this, id, bytes, key](const Status& s) {
