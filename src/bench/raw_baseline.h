@@ -43,9 +43,11 @@ struct RawOptions {
   // TransportOptions::tcp_stripe_min_bytes (1: one stream, no striping).
   uint32_t tcp_streams = 1;
   uint64_t tcp_stripe_min_bytes = net::TransportOptions{}.tcp_stripe_min_bytes;
-  // Each transfer (of both passes) starts after this long asleep, as
-  // kvrelay's start after a prefill and two HTTP legs (0: back to back,
-  // both processes' threads still awake from the last one).
+  // Each transfer (of both passes) starts after the sender slept this
+  // long, as kvrelay's start after a prefill and two HTTP legs (0: back to
+  // back, both processes' threads still awake from the last one). tcp's
+  // receiving threads sleep in recv meanwhile; ucx's helper progresses its
+  // worker throughout; shm has no receiver.
   std::chrono::microseconds idle_before{0};
 };
 

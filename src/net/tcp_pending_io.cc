@@ -29,8 +29,11 @@ TcpPendingIo::~TcpPendingIo() {
 
 Status TcpPendingIo::GiveUp() {
   KV_CHECK(!over_);
-  return End(WaitBound(deadline_).Failed(std::string("tcp ") + what() +
-                                         ": no progress for the stall timeout"));
+  // At the deadline: "tcp read: given up: the deadline passed"; else
+  // stalled: "... given up: no progress for the stall timeout".
+  const WaitBound bound(deadline_);
+  return End(bound.Failed(std::string("tcp ") + what() + ": given up" +
+                          (bound.Expired() ? "" : ": no progress for the stall timeout")));
 }
 
 Status TcpPendingIo::Abandon(Status why) {

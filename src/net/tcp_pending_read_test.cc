@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
@@ -67,9 +68,10 @@ TEST_F(TcpPendingReadTest, LandsTheBytesCountsOnceAndGivesTheStreamBack) {
   const uint64_t served0 = p_->stats().bytes_served;
   p_region_->read_grants().Grant(kT, std::vector<uint32_t>{3});
   const auto segs = OneBlock(3, 5);
-  auto r = source_->StartRead(kT, segs, Soon());
+  const Instant deadline = Soon();
+  auto r = source_->StartRead(kT, segs, deadline);
   ASSERT_NE(r, nullptr);
-  EXPECT_LE(r->give_up_at(), Soon());  // the deadline, before the 30 s stall bound
+  EXPECT_EQ(r->give_up_at(), deadline);  // before the 30 s stall bound
   const Status s = Drive(*r);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(Landed(segs));
@@ -97,55 +99,108 @@ TEST_F(TcpPendingReadTest, AnUngrantedReadIsRefusedAndTheStreamStaysInStep) {
   EXPECT_TRUE(Landed(OneBlock(6, 6)));
 }
 
-// Revoked while the payload was on its way: the server's trailer refuses,
-// so the read fails although its bytes arrived, and the stream is in step.
-// 32 MiB is more than both sockets' buffers hold, so the server is still
-// sending when the grant goes.
-TEST_F(TcpPendingReadTest, RevokedWhileTheBytesWentOutTheTrailerFailsIt) {
-  const RegionLayout big{1, 2, 32 << 20};  // 2 blocks of 32 MiB
-  TransportOptions options;
-  options.tcp_streams = 1;
-  auto p = MakeTcpTransport(options);
-  auto d = MakeTcpTransport(options);
-  ASSERT_TRUE(p.ok() && d.ok());
-  auto pr = p.value()->CreateRegion("pbig", big);
-  auto dr = d.value()->CreateRegion("dbig", big);
-  ASSERT_TRUE(pr.ok() && dr.ok());
-  std::span<uint8_t> src = pr.value()->bytes();
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + i / 999);
-  auto source = d.value()->OpenSource(pr.value()->registration(), dr.value().get());
-  ASSERT_TRUE(source.ok());
-  pr.value()->read_grants().Grant(kT, std::vector<uint32_t>{0, 1});
-  ASSERT_TRUE(source.value()->Read(kT, std::vector<Segment>{{0, 0, 4096}}).ok());  // the stream
-  const std::vector<Segment> block1{{32 << 20, 32 << 20, 32 << 20}};
-  auto r = source.value()->StartRead(kT, block1, Soon());
-  ASSERT_NE(r, nullptr);
-  // The request goes out; the step that sends it reads nothing.
-  ASSERT_FALSE(r->Progress().has_value());
-  ASSERT_FALSE(r->wants_write());
-  poll(nullptr, 0, 200);  // the server fills both buffers and waits
-  pr.value()->read_grants().RevokeAll(kT);
-  const uint64_t failed0 = d.value()->stats().reads_failed;
-  const Status s = Drive(*r);
+// A P and a D with two blocks of 32 MiB each, P's a known pattern, and
+// D's one stream to P open: 32 MiB is far more than both sockets' buffers
+// hold while D reads nothing, so P's server is still sending a block when
+// a test acts.
+class TcpPendingBigReadTest : public TcpPendingFixture {
+ protected:
+  static constexpr uint64_t kBlock = 32 << 20;
+
+  void SetUp() override {  // instead of the fixture's
+    TransportOptions options;
+    options.tcp_streams = 1;
+    auto p = MakeTcpTransport(options);
+    auto d = MakeTcpTransport(options);
+    ASSERT_TRUE(p.ok() && d.ok());
+    p_ = std::move(p).value();
+    d_ = std::move(d).value();
+    const RegionLayout big{1, 2, kBlock};
+    auto pr = p_->CreateRegion("pbig", big);
+    auto dr = d_->CreateRegion("dbig", big);
+    ASSERT_TRUE(pr.ok() && dr.ok());
+    p_region_ = std::move(pr).value();
+    d_region_ = std::move(dr).value();
+    std::span<uint8_t> src = p_region_->bytes();
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + i / 999);
+    auto source = d_->OpenSource(p_region_->registration(), d_region_.get());
+    ASSERT_TRUE(source.ok());
+    source_ = std::move(source).value();
+    p_region_->read_grants().Grant(kT, std::vector<uint32_t>{0, 1});
+    ASSERT_TRUE(source_->Read(kT, std::vector<Segment>{{0, 0, 4096}}).ok());  // the stream
+  }
+
+  // Starts the read of block 1 and sends its request, then waits until P's
+  // head is on the stream and says ok (peeked, not taken: D reads nothing,
+  // so P's server is blocked mid-payload).
+  void StartAndSeeTheHead() {
+    r_ = source_->StartRead(kT, block1_, MonoNow() + Duration::Seconds(10));
+    ASSERT_NE(r_, nullptr);
+    ASSERT_FALSE(r_->Progress().has_value());  // the request; this step reads nothing
+    ASSERT_FALSE(r_->wants_write());
+    uint8_t head[tcp::kReplyBytes];
+    for (int i = 0; i < 100; ++i) {
+      pollfd pfd{r_->fd(), POLLIN, 0};
+      poll(&pfd, 1, 100);
+      if (recv(r_->fd(), head, sizeof head, MSG_PEEK | MSG_DONTWAIT) ==
+          static_cast<ssize_t>(sizeof head)) {
+        ASSERT_EQ(tcp::ParseReply(head, tcp::kReadHeadMagic, kT, "read").code(),
+                  StatusCode::kOk);
+        return;
+      }
+    }
+    FAIL() << "no head from P's server in 10 s";
+  }
+
+  const std::vector<Segment> block1_{{kBlock, kBlock, kBlock}};
+  std::unique_ptr<Source> source_;
+  std::unique_ptr<PendingWrite> r_;
+};
+
+// Revoked while the payload was on its way (the head said ok): the
+// server's trailer refuses, so the read fails although its bytes arrived,
+// and the stream stays in step.
+TEST_F(TcpPendingBigReadTest, RevokedWhileTheBytesWentOutTheTrailerFailsIt) {
+  ASSERT_NO_FATAL_FAILURE(StartAndSeeTheHead());
+  p_region_->read_grants().RevokeAll(kT);
+  const uint64_t failed0 = d_->stats().reads_failed;
+  const Status s = Drive(*r_);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-  EXPECT_EQ(d.value()->stats().reads_failed, failed0 + 1);
-  EXPECT_EQ(p.value()->stats().reads_refused, 1u);
-  r.reset();
-  pr.value()->read_grants().Grant(kT, std::vector<uint32_t>{1});
-  auto again = source.value()->StartRead(kT, block1, Soon());
+  EXPECT_EQ(d_->stats().reads_failed, failed0 + 1);
+  EXPECT_EQ(p_->stats().reads_refused, 1u);
+  r_.reset();
+  p_region_->read_grants().Grant(kT, std::vector<uint32_t>{1});
+  auto again = source_->StartRead(kT, block1_, MonoNow() + Duration::Seconds(10));
   ASSERT_NE(again, nullptr) << "in step: kept";
   EXPECT_TRUE(Drive(*again).ok());
-  EXPECT_EQ(std::memcmp(dr.value()->bytes().data() + (32 << 20),
-                        pr.value()->bytes().data() + (32 << 20), 32 << 20),
+  EXPECT_EQ(std::memcmp(d_region_->bytes().data() + kBlock, p_region_->bytes().data() + kBlock,
+                        kBlock),
             0);
 }
 
-// Given up past its deadline, it ends kDeadlineExceeded, counted once, and
-// its stream is closed: P's late bytes can no longer land.
+// Given up while P's server is mid-payload: it fails, counted once, its
+// stream is closed, and not one byte of the block lands in D's region.
+TEST_F(TcpPendingBigReadTest, GivenUpWhileTheServerSendsNothingLands) {
+  ASSERT_NO_FATAL_FAILURE(StartAndSeeTheHead());
+  const uint64_t failed0 = d_->stats().reads_failed;
+  EXPECT_FALSE(r_->GiveUp().ok());
+  r_.reset();
+  EXPECT_EQ(d_->stats().reads_failed, failed0 + 1);
+  EXPECT_EQ(d_->stats().reads_ok, 1u);  // the warm-up only
+  poll(nullptr, 0, 200);  // P's server finds the stream closed
+  const std::span<uint8_t> block = d_region_->bytes().subspan(kBlock);
+  EXPECT_TRUE(std::all_of(block.begin(), block.end(), [](uint8_t b) { return b == 0; }))
+      << "bytes landed after the read was given up";
+  EXPECT_EQ(source_->StartRead(kT, block1_, MonoNow() + Duration::Seconds(10)), nullptr)
+      << "closed, not kept";
+}
+
+// Given up past its deadline (before its first step), it ends
+// kDeadlineExceeded, counted once, and its stream is closed.
 TEST_F(TcpPendingReadTest, GivenUpPastItsDeadlineItEndsDeadlineExceeded) {
   ASSERT_NO_FATAL_FAILURE(WarmUp());
   const uint64_t failed0 = d_->stats().reads_failed;
-  const Instant deadline = MonoNow() + Duration::Milliseconds(20);
+  const Instant deadline = MonoNow() + Duration::Milliseconds(200);
   auto r = source_->StartRead(kT, OneBlock(1, 1), deadline);
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->give_up_at(), deadline);

@@ -124,8 +124,9 @@ class Region {
 // is ready (or in error), until Progress returns the outcome.
 // Each step takes only what the socket holds or has without waiting.
 //
-// Ownership: the caller of StartWrite, which also keeps the Target alive
-// for as long as it holds this. Threading: one thread (the owner's).
+// Ownership: the caller of StartWrite (StartRead), which also keeps the
+// Target (Source) alive for as long as it holds this. Threading: one
+// thread (the owner's).
 // Invariants: the outcome is returned once, and counted once in the
 // transport's stats, like a Write's; destroying one that has not finished
 // (or Abandon) ends it as failed and closes its connection, which is then
@@ -135,14 +136,15 @@ class PendingWrite {
   virtual ~PendingWrite() = default;
   virtual int fd() const = 0;
   // What to wait for before the next Progress: room in the socket (true)
-  // or the peer's reply (false).
+  // or the peer's reply, or a read's bytes (false).
   virtual bool wants_write() const = 0;
   // nullopt: not over yet (wait as wants_write() says); else the outcome,
-  // the same as Target::Write's for these segments.
+  // the same as Target::Write's (Source::Read's) for these segments.
   virtual std::optional<Status> Progress() = 0;
   // When its owner should give it up (GiveUp) if it has not ended: the
-  // write's deadline, or earlier once it has made no progress for the
-  // transport's stall timeout (as a Write's socket waits are bounded).
+  // deadline it was started with, or earlier once it has made no progress
+  // for the transport's stall timeout (as a Write's socket waits are
+  // bounded).
   virtual Instant give_up_at() const = 0;
   // Ends it at its give_up_at(): kDeadlineExceeded once the deadline has
   // passed, else kUnavailable (stalled), as a Write's waits end. REQUIRES:

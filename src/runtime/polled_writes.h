@@ -8,8 +8,9 @@
 // one frame sent without waiting (net::PendingWrite); its reply is read
 // when the rank's zmq_poll says the stream is readable. The rules a pool
 // write keeps hold here too: abandoned at its give_up_at() —
-// kDeadlineExceeded at the pull's deadline, kUnavailable when it stalled
-// first — and its outcome reported exactly once, through its job's `done`.
+// kDeadlineExceeded at its deadline (a write's pull deadline, a read's
+// lease view), kUnavailable when it stalled first — and its outcome
+// reported exactly once, through its job's `done`.
 //
 // Ownership: one per RankActor. Threading: the rank's thread only; `done`
 // runs on it.

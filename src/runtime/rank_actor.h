@@ -118,8 +118,9 @@ class RankActor {
   void CountWrite(const Status& s, uint64_t bytes, Instant started);
   void OnWriteJobDone(WriteId id, PeerId peer, bool ok, bool broken);
   void CountRead(const Status& s, uint64_t bytes);
-  // `key`: the source's (P engine, P rank).
-  void OnReadJobDone(ReadId id, std::pair<uint32_t, uint32_t> key, bool ok, bool broken);
+  // `key`: the source's (P engine, P rank); `source`: the one the read used.
+  void OnReadJobDone(ReadId id, std::pair<uint32_t, uint32_t> key,
+                     const std::weak_ptr<net::Source>& source, bool ok, bool broken);
   void StartReadJob(StartRead r);
   // A job copying P rank `p`'s blocks `src` into D rank `d`'s `dst`, planned
   // as P writes them (a read runs the same plan); nullopt, counted and

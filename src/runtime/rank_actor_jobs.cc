@@ -67,13 +67,14 @@ void RankActor::StartReadJob(StartRead r) {
   const ReadId id = r.read;
   const uint64_t bytes = job.bytes;
   const std::pair<uint32_t, uint32_t> key{c.engine, c.rank};
+  const std::weak_ptr<net::Source> source = c.source;
   // A small read runs on this thread, as a small write does (below): an
-  // shm copy at once, a tcp request as a PendingWrite the loop drives. Its
-  // outcome is queued before Pump looks again.
+  // shm copy at once, its outcome queued before Pump looks again; a tcp
+  // request as a PendingWrite the loop drives, its outcome on a later turn.
   if (bytes <= options_.inline_write_bytes) {
-    job.done = [this, id, bytes, key](const Status& s) {
+    job.done = [this, id, bytes, key, source](const Status& s) {
       CountRead(s, bytes);
-      OnReadJobDone(id, key, s.ok(), s.code() == StatusCode::kUnavailable);
+      OnReadJobDone(id, key, source, s.ok(), s.code() == StatusCode::kUnavailable);
     };
     if (job.target->CopiesInPlace()) {
       ++counters_.reads_inline;
@@ -92,11 +93,12 @@ void RankActor::StartReadJob(StartRead r) {
       job.deadline = r.deadline;
     }
   }
-  job.done = [this, id, bytes, key](const Status& s) {
+  job.done = [this, id, bytes, key, source](const Status& s) {
     CountRead(s, bytes);
     const bool ok = s.ok();
     const bool broken = s.code() == StatusCode::kUnavailable;
-    inbox_.Post([this, id, ok, broken, key] { OnReadJobDone(id, key, ok, broken); });
+    inbox_.Post(
+        [this, id, ok, broken, key, source] { OnReadJobDone(id, key, source, ok, broken); });
   };
   if (!writers_->Submit(std::move(job))) deferred_read_done_.emplace_back(id, false);
 }
@@ -112,12 +114,15 @@ void RankActor::CountRead(const Status& s, uint64_t bytes) {
   }
 }
 
-void RankActor::OnReadJobDone(ReadId id, std::pair<uint32_t, uint32_t> key, bool ok,
-                              bool broken) {
+void RankActor::OnReadJobDone(ReadId id, std::pair<uint32_t, uint32_t> key,
+                              const std::weak_ptr<net::Source>& source, bool ok, bool broken) {
   deferred_read_done_.emplace_back(id, ok);
   // A source that lost its P stays failed: reopen on the next handshake.
+  // Only the source this read used: one reopened since (P restarted) is
+  // left alone.
   auto conn = conns_.find(key);
-  if (broken && conn != conns_.end()) {
+  if (broken && conn != conns_.end() && conn->second.source != nullptr &&
+      conn->second.source == source.lock()) {
     conn->second.source.reset();
     session_.OnSourceBroken(key.first, key.second);
   }

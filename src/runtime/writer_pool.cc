@@ -77,7 +77,8 @@ std::shared_ptr<net::Target> ReadAsWrite(std::shared_ptr<net::Source> source) {
 
 void WriterPool::RunJob(WriteJob& job) {
   if (MonoNow() >= job.deadline) {
-    job.done(DeadlineExceededError("the pull's deadline passed before the write started"));
+    job.done(DeadlineExceededError("its deadline passed before it started (a write's pull "
+                                   "deadline, a read's start deadline)"));
     return;
   }
   job.done(job.target->Write(job.transfer, job.segments, job.deadline));
