@@ -13,16 +13,19 @@ namespace kvrelay {
 
 using nlohmann::json;
 
-bool OldestTransfers(const std::string& body, double* send_age_s, double* load_age_s) {
+bool OldestTransfers(const std::string& body, TransferAges* ages) {
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("ranks")) return false;
-  *send_age_s = *load_age_s = 0;
+  *ages = TransferAges{};
   for (const json& r : j["ranks"]) {
     for (const json& s : r.value("sends", json::array())) {
-      *send_age_s = std::max(*send_age_s, s.value("age_s", 0.0));
+      ages->send_s = std::max(ages->send_s, s.value("age_s", 0.0));
     }
     for (const json& l : r.value("loads", json::array())) {
-      *load_age_s = std::max(*load_age_s, l.value("age_s", 0.0));
+      ages->load_s = std::max(ages->load_s, l.value("age_s", 0.0));
+    }
+    for (const json& l : r.value("leases", json::array())) {
+      ages->lease_s = std::max(ages->lease_s, l.value("held_s", 0.0));
     }
   }
   return true;
@@ -67,12 +70,13 @@ void EngineMonitor::Run() {
                       std::chrono::milliseconds(static_cast<int64_t>(period_s_ * 1e3));
     for (size_t i = 0; i < urls_.size() && !stop_; ++i) {
       Result<http::ClientResponse> r = http::Get(urls_[i], "/debug/state", opts);
-      double send = 0, load = 0;
-      if (!r.ok() || r->status != 200 || !OldestTransfers(r->body, &send, &load)) continue;
+      TransferAges now;
+      if (!r.ok() || r->status != 200 || !OldestTransfers(r->body, &now)) continue;
       MutexLock lock(&mu_);
       Worst& w = worst_[urls_[i]];
-      w.send_age_s = std::max(w.send_age_s, send);
-      w.load_age_s = std::max(w.load_age_s, load);
+      w.send_s = std::max(w.send_s, now.send_s);
+      w.load_s = std::max(w.load_s, now.load_s);
+      w.lease_s = std::max(w.lease_s, now.lease_s);
     }
     while (!stop_ && std::chrono::steady_clock::now() < next) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -100,8 +104,13 @@ EngineEnd ReadEngineEnd(const std::string& name, const std::string& url) {
   for (const json& r : j.value("ranks", json::array())) {
     e.live_sends += static_cast<uint32_t>(r.value("sends", json::array()).size());
     e.live_loads += static_cast<uint32_t>(r.value("loads", json::array()).size());
+    e.live_leases += static_cast<uint32_t>(r.value("leases", json::array()).size());
   }
-  OldestTransfers(st->body, &e.max_send_age_s, &e.max_load_age_s);
+  TransferAges ages;
+  OldestTransfers(st->body, &ages);
+  e.max_send_age_s = ages.send_s;
+  e.max_load_age_s = ages.load_s;
+  e.max_lease_age_s = ages.lease_s;
   // A pull resent after a reconnect is received twice and answered once.
   e.pulls_received = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_pulls_received_total") -
                                            MetricSum(me->body, "kvrelay_pulls_resent_total"));

@@ -1,7 +1,7 @@
 // chaos_monitor.h — what `kvrelay chaos` reads from running engines: a
-// monitor thread that records the oldest live send and load each engine
-// ever showed (the "every pull answered or given up within its bound"
-// check), and the end-of-case snapshot of one engine.
+// monitor thread that records the oldest live send, load and (read mode)
+// lease each engine ever showed (the "every pull answered or given up
+// within its bound" check), and the end-of-case snapshot of one engine.
 //
 // Why a monitor: a transfer that outlives its bound and then ends is gone
 // by the time the case ends; only sampling during the case sees it. The
@@ -30,9 +30,7 @@ class EngineMonitor {
   EngineMonitor(const EngineMonitor&) = delete;
   EngineMonitor& operator=(const EngineMonitor&) = delete;
   void Stop();
-  struct Worst {
-    double send_age_s = 0, load_age_s = 0;
-  };
+  using Worst = TransferAges;
   Worst WorstOf(const std::string& url) const EXCLUDES(mu_);
 
  private:
@@ -45,10 +43,9 @@ class EngineMonitor {
   std::thread thread_;
 };
 
-// The oldest live send and load in a /debug/state body; false if it is
-// not one.
-bool OldestTransfers(const std::string& debug_state_json, double* send_age_s,
-                     double* load_age_s);
+// The oldest live send, load and lease in a /debug/state body (a lease's
+// age is how long P has held or waited for its KV); false if it is not one.
+bool OldestTransfers(const std::string& debug_state_json, TransferAges* ages);
 // The sum of every series of Prometheus metric `name` (exact name, any
 // labels) in `text`.
 double MetricSum(const std::string& text, const std::string& name);

@@ -9,13 +9,14 @@ namespace {
 
 TEST(OldestTransfers, TakesTheOldestAcrossRanks) {
   const std::string body = R"({"ranks":[
-    {"sends":[{"age_s":1.5},{"age_s":0.2}],"loads":[]},
-    {"sends":[{"age_s":0.7}],"loads":[{"age_s":3.25}]}]})";
-  double send = -1, load = -1;
-  ASSERT_TRUE(OldestTransfers(body, &send, &load));
-  EXPECT_DOUBLE_EQ(send, 1.5);
-  EXPECT_DOUBLE_EQ(load, 3.25);
-  EXPECT_FALSE(OldestTransfers("not json", &send, &load));
+    {"sends":[{"age_s":1.5},{"age_s":0.2}],"loads":[],"leases":[{"held_s":0.5}]},
+    {"sends":[{"age_s":0.7}],"loads":[{"age_s":3.25}],"leases":[{"held_s":2.75}]}]})";
+  TransferAges ages;
+  ASSERT_TRUE(OldestTransfers(body, &ages));
+  EXPECT_DOUBLE_EQ(ages.send_s, 1.5);
+  EXPECT_DOUBLE_EQ(ages.load_s, 3.25);
+  EXPECT_DOUBLE_EQ(ages.lease_s, 2.75);
+  EXPECT_FALSE(OldestTransfers("not json", &ages));
 }
 
 TEST(MetricSum, SumsEverySeriesOfExactlyThatName) {

@@ -56,9 +56,10 @@ ChaosVerdict JudgeChaos(const ChaosMeasure& m, const ChaosBounds& b) {
     if (e.blocks_used != 0) {
       v.why.push_back(e.name + ": " + std::to_string(e.blocks_used) + " blocks leaked");
     }
-    if (!e.idle || e.live_sends != 0 || e.live_loads != 0) {
+    if (!e.idle || e.live_sends != 0 || e.live_loads != 0 || e.live_leases != 0) {
       v.why.push_back(e.name + " not idle (" + std::to_string(e.live_sends) + " sends, " +
-                      std::to_string(e.live_loads) + " loads live)");
+                      std::to_string(e.live_loads) + " loads, " +
+                      std::to_string(e.live_leases) + " leases live)");
     }
     if (e.max_load_age_s > b.load_bound_s) {
       v.why.push_back(e.name + Fmt(": a load lived %.1f s, bound %.1f s", e.max_load_age_s,
@@ -67,6 +68,10 @@ ChaosVerdict JudgeChaos(const ChaosMeasure& m, const ChaosBounds& b) {
     if (e.max_send_age_s > b.send_bound_s) {
       v.why.push_back(e.name + Fmt(": a send lived %.1f s, bound %.1f s", e.max_send_age_s,
                                    b.send_bound_s));
+    }
+    if (b.lease_bound_s > 0 && e.max_lease_age_s > b.lease_bound_s) {
+      v.why.push_back(e.name + Fmt(": a lease was held %.1f s, bound %.1f s", e.max_lease_age_s,
+                                   b.lease_bound_s));
     }
     if (e.prefill && e.pulls_answered != e.pulls_received) {
       v.why.push_back(e.name + ": " + std::to_string(e.pulls_received) +

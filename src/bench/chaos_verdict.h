@@ -12,8 +12,8 @@
 //     no block used (prefix cache aside): blocks leaked must be 0;
 //   - every pull answered or given up within its bound: no live send on P
 //     older than send_bound_s, no live load on D older than load_bound_s,
-//     ever (the monitor's maximum), and P answered every pull item it
-//     received;
+//     and (read mode) no lease on P held longer than lease_bound_s, ever
+//     (the monitor's maximum), and P answered every pull item it received;
 //   - every process exits 0 on SIGTERM at the end (no wedged drain);
 //   - the cluster serving again: a probe succeeded within recover_bound_s
 //     of the fault's end, and the load's final probes were all correct.
@@ -33,6 +33,14 @@ struct ChaosBounds {
   double load_bound_s = 0;     // D: abort_timeout + giveup_grace (+ slack)
   double send_bound_s = 0;     // P: abort_timeout + a write's stall bound (+ slack)
   double recover_bound_s = 0;  // fault end → a probe served
+  // Read mode, P: D's give-up (abort_timeout + giveup_grace) + the longest
+  // a lease runs without a heartbeat (+ slack); 0: push mode, not judged.
+  double lease_bound_s = 0;
+};
+
+// The oldest live transfer of each kind on one engine.
+struct TransferAges {
+  double send_s = 0, load_s = 0, lease_s = 0;
 };
 
 // One engine at the end of a case (and the worst the monitor saw).
@@ -43,8 +51,9 @@ struct EngineEnd {
   bool reachable = false;
   bool idle = false;           // /debug/state idle, state active
   int64_t blocks_used = -1;    // the leak figure (prefix cache aside)
-  uint32_t live_sends = 0, live_loads = 0;
+  uint32_t live_sends = 0, live_loads = 0, live_leases = 0;
   double max_send_age_s = 0, max_load_age_s = 0;  // over the whole case
+  double max_lease_age_s = 0;  // read mode, P: the longest it held a lease
   bool prefill = false;
   uint64_t pulls_received = 0, pulls_answered = 0;  // P, its current incarnation; resent
                                                     // pulls counted once

@@ -8,7 +8,7 @@
 namespace kvrelay {
 namespace {
 
-ChaosBounds Bounds() { return ChaosBounds{6, 40, 15}; }
+ChaosBounds Bounds() { return ChaosBounds{6, 40, 15, 12}; }
 
 ChaosMeasure Good() {
   ChaosMeasure m;
@@ -53,10 +53,22 @@ TEST(JudgeChaos, EachConditionFailsOnItsOwn) {
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[1].blocks_used = 0, m.engines[1].idle = false; }));
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[1].max_load_age_s = 6.5; }));
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[0].max_send_age_s = 41; }));
+  EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[0].max_lease_age_s = 12.5; }));
+  EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[0].live_leases = 1; }));
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[0].pulls_answered = 79; }));
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.recover_s = -1; }));
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.recover_s = 16; }));
   EXPECT_TRUE(fails([](ChaosMeasure& m) { m.engines[0].reachable = false; }));
+}
+
+// Push mode (lease_bound_s 0): leases are not judged, however old.
+TEST(JudgeChaos, LeasesAreJudgedOnlyWithALeaseBound) {
+  ChaosMeasure m = Good();
+  m.engines[0].max_lease_age_s = 100;
+  ChaosBounds push = Bounds();
+  push.lease_bound_s = 0;
+  EXPECT_EQ(JudgeChaos(m, push).kind, ChaosVerdict::Kind::kPass);
+  EXPECT_EQ(JudgeChaos(m, Bounds()).kind, ChaosVerdict::Kind::kFail);
 }
 
 TEST(JudgeChaos, LeakedBlocksAreCountedAndFail) {

@@ -70,21 +70,42 @@ int RunChaos(const ChaosCliOptions& cli) {
       }
     }
   }
+  if (o.kv_mode != "push" && o.kv_mode != "read") {
+    std::fprintf(stderr, "kvrelay chaos: --kv-mode must be push or read, not '%s'\n",
+                 o.kv_mode.c_str());
+    return 2;
+  }
+  if (o.stream_chunks && o.kv_mode == "read") {
+    std::fprintf(stderr, "kvrelay chaos: --stream-chunks is a push-mode hand-off\n");
+    return 2;
+  }
   if (o.stream_chunks && o.llama.engine == "llama") {
     std::fprintf(stderr, "kvrelay chaos: --stream-chunks: llama.cpp engines hand their KV off "
                          "whole\n");
     return 2;
   }
   InstallChaosSignalCleanup();
+  // The read-mode timings every engine of a case runs with.
+  const auto ReadModeFlags = [](const ChaosOptions& c) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "; read mode, --lease-s %.1f --lease-extension-s %.1f --lease-heartbeat-s %.1f "
+                  "--read-margin-s %.1f",
+                  c.lease_s, c.lease_extension_s, c.lease_heartbeat_s, c.read_margin_s);
+    return std::string(buf);
+  };
   std::printf("kvrelay chaos: %zu cases; each a fresh P, D and router, transport %s (tcp for "
               "partitions and slow-d), load for %.1f s at concurrency %u, fault at %.1f s; "
               "engines at --abort-timeout-s %.1f --giveup-grace-s %.1f --peer-dead-after-s "
-              "%.1f%s; logs in %s\n",
+              "%.1f%s%s; logs in %s\n",
               chosen.size(), o.transport.c_str(), o.load_s, o.concurrency, o.fault_at_s,
               o.abort_timeout_s, o.giveup_grace_s, o.peer_dead_after_s,
               o.stream_chunks
                   ? ("; P streams chunks of " + std::to_string(kStreamChunkTokens) + " tokens")
                         .c_str()
+                  : "",
+              o.kv_mode == "read"
+                  ? ReadModeFlags(o).c_str()
                   : "",
               o.logs.c_str());
   std::fflush(stdout);
@@ -114,6 +135,10 @@ int RunChaos(const ChaosCliOptions& cli) {
                   static_cast<unsigned long long>(e.pulls_answered),
                   static_cast<unsigned long long>(e.loads_failed),
                   static_cast<unsigned long long>(e.lanes_opened));
+      if (e.prefill && o.kv_mode == "read") {
+        std::printf(", oldest lease %.1f s (bound %.1f)", e.max_lease_age_s,
+                    r.bounds.lease_bound_s);
+      }
       if (e.prefill && o.stream_chunks) {
         std::printf(", chunks streamed %llu, chunk writes %llu",
                     static_cast<unsigned long long>(e.chunks_streamed),
@@ -138,6 +163,8 @@ int RunChaos(const ChaosCliOptions& cli) {
                            {"blocks_leaked", e.blocks_used}, {"live_sends", e.live_sends},
                            {"live_loads", e.live_loads}, {"max_send_age_s", e.max_send_age_s},
                            {"max_load_age_s", e.max_load_age_s},
+                           {"live_leases", e.live_leases},
+                           {"max_lease_age_s", e.max_lease_age_s},
                            {"pulls_received", e.pulls_received},
                            {"pulls_answered", e.pulls_answered},
                            {"loads_failed", e.loads_failed},
@@ -198,6 +225,10 @@ void RegisterChaos(CLI::App& app) {
   cmd->add_option("--seed", r.seed, "load seed (each case adds its number)")->capture_default_str();
   cmd->add_option("--concurrency", r.concurrency, "client requests in flight")->capture_default_str();
   AddLlamaClusterFlags(cmd, &r.llama);
+  cmd->add_option("--kv-mode", r.kv_mode,
+                  "the engines' --kv-mode: push, or read (D reads under short leases; "
+                  "fail-writes fails D's reads; P's leases must end within their bound)")
+      ->capture_default_str();
   cmd->add_flag("--stream-chunks", r.stream_chunks,
                 "P streams each finished prefill chunk (32 tokens, P's --max-batch-tokens) to "
                 "D (serve's --stream-chunks), so faults land mid-stream; emulated engines only");
@@ -215,10 +246,10 @@ void RegisterChaos(CLI::App& app) {
   cmd->add_option("--slow-run-ms", r.slow_run_ms, "slow-d: D running this long each cycle")
       ->capture_default_str();
   cmd->add_option("--fail-probability", r.fail_probability,
-                  "fail-writes: probability that a write fails half-way")
+                  "fail-writes: probability that a write (read mode: a read) fails half-way")
       ->capture_default_str();
   cmd->add_option("--fail-after-bytes", r.fail_after_bytes,
-                  "fail-writes: failures start after P wrote this many KV bytes")
+                  "fail-writes: failures start after P wrote (D read) this many KV bytes")
       ->capture_default_str();
   cmd->add_option("--step-per-token-us", r.step_per_token_us, "engines' modelled compute")
       ->capture_default_str();

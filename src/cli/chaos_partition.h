@@ -5,7 +5,8 @@
 //
 // Why ports: P and D of a local cluster share one host and one loopback,
 // so "between P and D" is P's control ports (D's heartbeats and pulls, P's
-// answers) plus D's tcp data-plane ports (P's writes). The HTTP ports stay
+// answers) plus D's tcp data-plane ports (P's writes) and, in read mode,
+// P's (D's reads). The HTTP ports stay
 // open: the router still reaches both, as when only the P–D link fails.
 // (The shm transport cannot be partitioned: P writes D's memory directly.)
 //

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -52,12 +53,14 @@ double LoadsOk(const std::string& d_url) {
 std::string LiveOf(const std::string& url) {
   auto st = GetJson(url, "/debug/state");
   if (!st.ok()) return "state unknown";
-  size_t sends = 0, loads = 0;
+  size_t sends = 0, loads = 0, leases = 0;
   for (const json& r : (*st)["ranks"]) {
     sends += r.value("sends", json::array()).size();
     loads += r.value("loads", json::array()).size();
+    leases += r.value("leases", json::array()).size();
   }
-  return std::to_string(sends) + " sends, " + std::to_string(loads) + " loads live";
+  return std::to_string(sends) + " sends, " + std::to_string(loads) + " loads" +
+         (leases > 0 ? ", " + std::to_string(leases) + " leases" : "") + " live";
 }
 
 // Probes through the router from now until one is served with the model's
@@ -136,7 +139,7 @@ const std::vector<ChaosCase>& ChaosCases() {
       {"slow-d", FaultKind::kSlowD,
        "D throttled by SIGSTOP/SIGCONT (reads at a fifth of its speed): backpressure on P"},
       {"fail-writes", FaultKind::kFailWrites,
-       "P's KV writes fail half-way (half of them, after the first MiB)"},
+       "P's KV writes (read mode: D's reads) fail half-way (half of them, after the first MiB)"},
   };
   return cases;
 }
@@ -148,6 +151,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   ChaosMeasure& m = row.measure;
   const bool partition = IsPartition(c.kind);
   const bool tcp_only = partition || c.kind == FaultKind::kSlowD;
+  const bool read_mode = o.kv_mode == "read";
   const std::string transport = tcp_only ? "tcp" : o.transport;
   // Bounds from the engines' own timeouts: D gives a pull up at its
   // deadline (abort_timeout) + giveup_grace; P ends a ready send after
@@ -156,6 +160,14 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   row.bounds.load_bound_s = o.abort_timeout_s + o.giveup_grace_s + o.slack_s;
   row.bounds.send_bound_s = o.abort_timeout_s + o.slack_s + (partition ? 30.0 : 0.0);
   row.bounds.recover_bound_s = o.recover_bound_s;
+  // Read mode: P holds a lease until D's reads land, D releases it, or it
+  // lapses — at most the lease (or an extension) after D's last heartbeat,
+  // and D heartbeats no longer than its give-up.
+  if (read_mode) {
+    row.bounds.lease_bound_s = o.abort_timeout_s + o.giveup_grace_s +
+                               std::max(o.lease_s, o.lease_extension_s) + o.slack_s +
+                               (partition ? 30.0 : 0.0);
+  }
   auto finish = [&] {
     row.verdict = JudgeChaos(m, row.bounds);
     row.wall_s = SecondsSince(wall0);
@@ -178,15 +190,24 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   // exists: the control frames must cross the ports the partition cuts, not
   // a Unix socket beside them (docs/wire.md, "The local lane").
   if (partition) co.engine_args.push_back("--no-local-lane");
-  if (c.kind == FaultKind::kFailWrites) {
-    // D never writes KV, so the flag only bites on P.
+  if (read_mode) {
     co.engine_args.insert(co.engine_args.end(),
-                          {"--debug-fail-writes-probability", F2(o.fail_probability),
-                           "--debug-fail-writes-after-bytes", std::to_string(o.fail_after_bytes),
+                          {"--kv-mode", "read", "--lease-s", F2(o.lease_s), "--lease-extension-s",
+                           F2(o.lease_extension_s), "--lease-heartbeat-s",
+                           F2(o.lease_heartbeat_s), "--read-margin-s", F2(o.read_margin_s)});
+  }
+  const std::string fail_flag = read_mode ? "--debug-fail-reads-" : "--debug-fail-writes-";
+  if (c.kind == FaultKind::kFailWrites) {
+    // Only P writes KV (push) and only D reads it (read): each flag bites
+    // on one of them.
+    co.engine_args.insert(co.engine_args.end(),
+                          {fail_flag + "probability", F2(o.fail_probability),
+                           fail_flag + "after-bytes", std::to_string(o.fail_after_bytes),
                            "--debug-fail-writes-seed", std::to_string(o.seed)});
   }
   if (o.stream_chunks) co.p_engine_args = StreamChunksArgs(kStreamChunkTokens);
   co.router_args = {"--upstream-idle-timeout-s", "20"};
+  if (read_mode) co.router_args.insert(co.router_args.end(), {"--kv-mode", "read"});
   LoadOptions llama_load;   // --engine llama: its checker
   LocalCluster cluster;
   Status started = SetUpLlamaCluster(o.llama, o.logs, &co, &llama_load);
@@ -215,7 +236,7 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   lo.progress = false;
   lo.probes = c.kind == FaultKind::kPartitionForever ? 0 : 4;
   lo.request_timeout_s = 60;
-  lo.idle_timeout_s = row.bounds.send_bound_s + 5;
+  lo.idle_timeout_s = std::max(row.bounds.send_bound_s, row.bounds.lease_bound_s) + 5;
   lo.error_backoff_s = 0.05;
   LoadReport load;
   const Clock::time_point t0 = Clock::now();
@@ -254,9 +275,18 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
           ports.push_back(static_cast<uint16_t>(info->value("kv_port", 0) + r));
         }
       }
-      const uint16_t d_http = static_cast<uint16_t>(std::stoi(d_url.substr(d_url.rfind(':') + 1)));
+      const auto http_port = [](const std::string& url) {
+        return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+      };
       for (uint16_t p : ListeningTcpPorts(cluster.Pid("decode0"))) {
-        if (p != d_http) ports.push_back(p);  // D's tcp data-plane receivers
+        if (p != http_port(d_url)) ports.push_back(p);  // D's tcp data-plane receivers
+      }
+      if (read_mode) {  // D reads from P's receivers
+        for (uint16_t p : ListeningTcpPorts(cluster.Pid("prefill0"))) {
+          if (p != http_port(p_url)) ports.push_back(p);
+        }
+        std::sort(ports.begin(), ports.end());
+        ports.erase(std::unique(ports.begin(), ports.end()), ports.end());
       }
       const std::string live = "P " + LiveOf(p_url) + ", D " + LiveOf(d_url);
       auto r = PortPartition::Cut(ports);
@@ -303,8 +333,8 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
       break;
     }
     case FaultKind::kFailWrites:
-      row.fault_detail = "P started with --debug-fail-writes-probability " +
-                         F2(o.fail_probability) + " --debug-fail-writes-after-bytes " +
+      row.fault_detail = "P and D started with " + fail_flag + "probability " +
+                         F2(o.fail_probability) + " " + fail_flag + "after-bytes " +
                          std::to_string(o.fail_after_bytes) + "; the fault never ends";
       m.recover_expected = false;
       break;
@@ -324,14 +354,15 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
     EngineEnd e = ReadEngineEnd(name, url);
     for (const Clock::time_point s0 = Clock::now();
          !(e.reachable && e.idle && e.blocks_used == 0 && e.live_sends == 0 &&
-           e.live_loads == 0) &&
-         SecondsSince(s0) < row.bounds.send_bound_s;) {
+           e.live_loads == 0 && e.live_leases == 0) &&
+         SecondsSince(s0) < std::max(row.bounds.send_bound_s, row.bounds.lease_bound_s);) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       e = ReadEngineEnd(name, url);
     }
     const EngineMonitor::Worst w = monitor.WorstOf(url);
-    e.max_send_age_s = std::max(e.max_send_age_s, w.send_age_s);
-    e.max_load_age_s = std::max(e.max_load_age_s, w.load_age_s);
+    e.max_send_age_s = std::max(e.max_send_age_s, w.send_s);
+    e.max_load_age_s = std::max(e.max_load_age_s, w.load_s);
+    e.max_lease_age_s = std::max(e.max_lease_age_s, w.lease_s);
     e.restarted = (c.kind == FaultKind::kKillP && name == "prefill0") ||
                   (c.kind == FaultKind::kKillD && name == "decode0");
     m.engines.push_back(e);

@@ -1,8 +1,9 @@
 // chaos_runner.h — one `kvrelay chaos` case: a fresh local cluster (P, D
 // and router as child processes), a load through the router, one real
 // fault landed mid-load (SIGKILL and restart, an nftables partition, a
-// SIGSTOP-throttled D, a P whose writes fail half-way), the heal, and the
-// end conditions measured (bench/chaos_verdict judges them).
+// SIGSTOP-throttled D, a P whose writes fail half-way — in read mode D's
+// reads), the heal, and the end conditions measured (bench/chaos_verdict
+// judges them).
 //
 // Why: the simulator proves the rules under modelled faults; this proves
 // the processes survive real ones — dead sockets, lost packets, a frozen
@@ -64,6 +65,13 @@ struct ChaosOptions {
   // P streams each finished prefill chunk to D (serve's --stream-chunks,
   // chunks of kStreamChunkTokens); false: P hands off whole.
   bool stream_chunks = false;
+  // The engines' --kv-mode: push, or read (D reads under a lease; the
+  // fail-writes case fails D's reads instead, and P's leases are judged).
+  std::string kv_mode = "push";
+  // Read mode's lease timings, short so a lease a dead D held ends inside
+  // the case: serve's --lease-s, --lease-extension-s, --lease-heartbeat-s,
+  // --read-margin-s.
+  double lease_s = 3, lease_extension_s = 2, lease_heartbeat_s = 0.5, read_margin_s = 1;
 };
 
 struct ChaosRow {

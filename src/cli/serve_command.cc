@@ -408,7 +408,16 @@ void RegisterServe(CLI::App& app) {
       ->group(drills)
       ->capture_default_str();
   cmd->add_option("--debug-fail-writes-seed", o->write_faults.seed,
-                  "seed of the failure draws (a run replays)")
+                  "seed of the failure draws, writes' and reads' (a run replays)")
+      ->group(drills)
+      ->capture_default_str();
+  cmd->add_option("--debug-fail-reads-probability", o->write_faults.read_probability,
+                  "read mode: each KV read fails with this probability after reading half "
+                  "its bytes (0: off)")
+      ->group(drills)
+      ->capture_default_str();
+  cmd->add_option("--debug-fail-reads-after-bytes", o->write_faults.read_after_bytes,
+                  "read failures start once this many KV bytes were read")
       ->group(drills)
       ->capture_default_str();
   cmd->callback([o] { SetExitCode(RunServe(*o)); });
