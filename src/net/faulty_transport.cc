@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "base/check.h"
 #include "base/prng.h"
@@ -40,34 +43,93 @@ struct FaultDirection {
   FaultDirection(const char* w, double p, uint64_t after, uint64_t s)
       : what(w), probability(p), after_bytes(after), seed(s) {}
 
-  // Runs op(segments) (the real Write or Read), or — when this operation is
-  // drawn to fail — op(the first half of them) and then fails.
-  template <typename Op>
-  Status Run(std::span<const Segment> segments, Op op) {
-    uint64_t total = 0;
-    for (const Segment& s : segments) total += s.bytes;
+  // One operation's draw: whether it fails, and its bytes.
+  struct Draw {
+    bool fail = false;
+    uint64_t total = 0, half = 0;
+  };
+  Draw Next(std::span<const Segment> segments) {
+    Draw d;
+    for (const Segment& s : segments) d.total += s.bytes;
     const uint64_t n = ops.fetch_add(1);
     const bool armed = bytes.load() >= after_bytes;
     // A uniform draw in [0, 1) from (seed, n).
     const double draw = static_cast<double>(Mix64(seed * 0x9E3779B97F4A7C15ull + n) >> 11) /
                         static_cast<double>(1ull << 53);
-    if (!armed || draw >= probability || total < 2) {
-      Status s = op(segments);
-      if (s.ok()) bytes.fetch_add(total);
+    d.fail = armed && draw < probability && d.total >= 2;
+    d.half = d.total / 2;
+    return d;
+  }
+  // The outcome of an operation drawn `d` whose real part (all of it, or
+  // the first half when it fails) ended `s`; counts it.
+  Status Outcome(const Draw& d, const Status& s) {
+    if (!d.fail) {
+      if (s.ok()) bytes.fetch_add(d.total);
       return s;
     }
-    const uint64_t half = total / 2;
-    const std::vector<Segment> prefix = PrefixSegments(segments, half);
-    Status s = op(std::span<const Segment>(prefix));
-    bytes.fetch_add(s.ok() ? half : 0);
+    bytes.fetch_add(s.ok() ? d.half : 0);
     failed.fetch_add(1);
     return UnavailableError(std::string("injected ") + what + " fault: failed after " +
-                            std::to_string(half) + " of " + std::to_string(total) +
+                            std::to_string(d.half) + " of " + std::to_string(d.total) +
                             " bytes (" +
                             (s.ok() ? "prefix done" : "prefix also failed: " + s.message()) +
                             ")");
   }
+  // The segments the real operation moves: all, or the first half.
+  static std::vector<Segment> Part(const Draw& d, std::span<const Segment> segments) {
+    return d.fail ? PrefixSegments(segments, d.half)
+                  : std::vector<Segment>(segments.begin(), segments.end());
+  }
+
+  // Runs op(segments) (the real Write or Read), or — when this operation is
+  // drawn to fail — op(the first half of them) and then fails.
+  template <typename Op>
+  Status Run(std::span<const Segment> segments, Op op) {
+    const Draw d = Next(segments);
+    const std::vector<Segment> part = Part(d, segments);
+    return Outcome(d, op(std::span<const Segment>(part)));
+  }
 };
+
+// A polled write or read (Target::StartWrite, Source::StartRead) of the
+// real transport, started on all its segments or — drawn to fail — on the
+// first half, whose outcome is then the injected failure. Everything else
+// is the real one's.
+class FaultyPending final : public PendingWrite {
+ public:
+  FaultyPending(std::unique_ptr<PendingWrite> inner, FaultDirection* direction,
+                FaultDirection::Draw draw, std::shared_ptr<void> keep)
+      : inner_(std::move(inner)), direction_(direction), draw_(draw), keep_(std::move(keep)) {}
+  int fd() const override { return inner_->fd(); }
+  bool wants_write() const override { return inner_->wants_write(); }
+  std::optional<Status> Progress() override {
+    std::optional<Status> s = inner_->Progress();
+    if (!s) return s;
+    return direction_->Outcome(draw_, *s);
+  }
+  Instant give_up_at() const override { return inner_->give_up_at(); }
+  Status GiveUp() override { return inner_->GiveUp(); }
+  Status Abandon(Status why) override { return inner_->Abandon(std::move(why)); }
+
+ private:
+  std::unique_ptr<PendingWrite> inner_;
+  FaultDirection* const direction_;  // in *keep_
+  const FaultDirection::Draw draw_;
+  const std::shared_ptr<void> keep_;
+};
+
+// Draws the operation, starts its part through start(part) and wraps what
+// that returns (nullptr: the real transport offers no polled path now; the
+// draw is spent, and the caller's Write or Read draws again).
+template <typename StartFn>
+std::unique_ptr<PendingWrite> StartFaulty(FaultDirection* direction, std::shared_ptr<void> keep,
+                                          std::span<const Segment> segments, StartFn start) {
+  const FaultDirection::Draw d = direction->Next(segments);
+  const std::vector<Segment> part = FaultDirection::Part(d, segments);
+  std::unique_ptr<PendingWrite> inner = start(std::span<const Segment>(part));
+  if (inner == nullptr) return nullptr;
+  return std::make_unique<FaultyPending>(std::move(inner), direction, d, std::move(keep));
+}
 
 struct FaultState {
   explicit FaultState(const WriteFaultOptions& o)
@@ -90,6 +152,13 @@ class FaultyTarget final : public Target {
       return inner_->Write(transfer, s, deadline);
     });
   }
+  bool CopiesInPlace() const override { return inner_->CopiesInPlace(); }
+  std::unique_ptr<PendingWrite> StartWrite(TransferId transfer, std::span<const Segment> segments,
+                                           Instant deadline) override {
+    return StartFaulty(&state_->writes, state_, segments, [&](std::span<const Segment> s) {
+      return inner_->StartWrite(transfer, s, deadline);
+    });
+  }
 
  private:
   std::unique_ptr<Target> inner_;
@@ -104,6 +173,13 @@ class FaultySource final : public Source {
   Status Read(TransferId transfer, std::span<const Segment> segments) override {
     return state_->reads.Run(
         segments, [&](std::span<const Segment> s) { return inner_->Read(transfer, s); });
+  }
+  bool CopiesInPlace() const override { return inner_->CopiesInPlace(); }
+  std::unique_ptr<PendingWrite> StartRead(TransferId transfer, std::span<const Segment> segments,
+                                          Instant deadline) override {
+    return StartFaulty(&state_->reads, state_, segments, [&](std::span<const Segment> s) {
+      return inner_->StartRead(transfer, s, deadline);
+    });
   }
 
  private:

@@ -18,7 +18,12 @@
 // and `read_after_bytes`, drawn and counted apart from writes (their own
 // sequence and byte count, so turning read faults on does not change which
 // writes fail): a failing Read reads the first half of its bytes, then
-// returns kUnavailable. Regions are passed through untouched.
+// returns kUnavailable. Regions are passed through untouched. A polled
+// write or read (Target::StartWrite, Source::StartRead) is drawn the same
+// way when it starts: the real transport's polled operation runs on all
+// its segments, or on the first half and then ends kUnavailable. A start
+// the real transport declines (nullptr) spends its draw, and the caller's
+// Write or Read then draws anew; CopiesInPlace is the real one's.
 //
 // Ownership: FaultyTransport owns the wrapped Transport; each FaultyTarget
 // or FaultySource owns its wrapped Target or Source and shares the counters

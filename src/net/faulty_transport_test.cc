@@ -5,10 +5,13 @@
 #include "net/faulty_transport.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#include "os/clock.h"
 
 namespace kvrelay::net {
 namespace {
@@ -134,6 +137,69 @@ TEST(FaultyTransport, ReadsAndWritesAreDrawnApart) {
   EXPECT_TRUE(p.source->Read(kT, one).ok());
   EXPECT_TRUE(p.source->Read(kT, one).ok());
   EXPECT_EQ(p.source->Read(kT, one).code(), StatusCode::kUnavailable);
+}
+
+// Polled operations over tcp (Target::StartWrite, Source::StartRead) are
+// drawn as Write and Read are: one drawn to fail moves its first half
+// through the real polled operation and then ends kUnavailable; with faults
+// off (not yet armed) they pass through whole.
+TEST(FaultyTransport, PolledWritesAndReadsFailHalfWayToo) {
+  for (const bool fail : {true, false}) {
+    SCOPED_TRACE(fail ? "drawn to fail" : "faults off");
+    TransportOptions options;
+    options.tcp_streams = 1;
+    auto w = MakeTcpTransport(options);
+    auto r = MakeTcpTransport(options);
+    ASSERT_TRUE(w.ok() && r.ok());
+    // Off: armed only after far more bytes than the test moves.
+    const uint64_t after = fail ? 1 : uint64_t{1} << 40;
+    std::unique_ptr<Transport> faulty = MakeFaultyTransport(
+        std::move(*w), {.probability = 1.0, .after_bytes = after, .seed = 3,
+                        .read_probability = 1.0, .read_after_bytes = after});
+    const RegionLayout layout{1, 4, 1024};
+    auto mine = faulty->CreateRegion("ft-polled-mine", layout);
+    auto peer = (*r)->CreateRegion("ft-polled-peer", layout);
+    ASSERT_TRUE(mine.ok() && peer.ok());
+    std::fill((*mine)->bytes().begin(), (*mine)->bytes().end(), uint8_t{0xAB});
+    std::fill((*peer)->bytes().begin(), (*peer)->bytes().end(), uint8_t{0xCD});
+    auto target = faulty->Open((*peer)->registration(), mine->get());
+    auto source = faulty->OpenSource((*peer)->registration(), mine->get());
+    ASSERT_TRUE(target.ok() && source.ok());
+    (*peer)->grants().Grant(kT, std::vector<uint32_t>{0, 1, 2, 3});
+    (*peer)->read_grants().Grant(kT, std::vector<uint32_t>{0, 1, 2, 3});
+    // A first byte, through whole (faults start after 1 byte): opens the stream.
+    ASSERT_TRUE((*target)->Write(kT, std::vector<Segment>{{3072, 3072, 1}}).ok());
+    ASSERT_TRUE((*source)->Read(kT, std::vector<Segment>{{3072, 3072, 1}}).ok());
+    const auto drive = [](PendingWrite& op) {
+      for (int i = 0; i < 10'000; ++i) {
+        if (std::optional<Status> s = op.Progress()) return *s;
+        pollfd pfd{op.fd(), static_cast<short>(op.wants_write() ? POLLOUT : POLLIN), 0};
+        poll(&pfd, 1, 1000);
+      }
+      return InternalError("never ended");
+    };
+    const Instant soon = MonoNow() + Duration::Seconds(10);
+    // Write my block 0 into the peer's block 0: two 512-byte segments.
+    auto wr =
+        (*target)->StartWrite(kT, std::vector<Segment>{{0, 0, 512}, {512, 512, 512}}, soon);
+    ASSERT_NE(wr, nullptr);
+    const Status ws = drive(*wr);
+    EXPECT_EQ(ws.code(), fail ? StatusCode::kUnavailable : StatusCode::kOk) << ws.ToString();
+    const auto peer0 = (*peer)->bytes().first(1024);
+    EXPECT_TRUE(All(peer0.first(512), 0xAB));
+    EXPECT_TRUE(All(peer0.subspan(512), fail ? 0xCD : 0xAB));
+    // Read the peer's block 1 into my block 1.
+    auto rd = (*source)->StartRead(kT, std::vector<Segment>{{1024, 1024, 1024}}, soon);
+    ASSERT_NE(rd, nullptr);
+    const Status rs = drive(*rd);
+    EXPECT_EQ(rs.code(), fail ? StatusCode::kUnavailable : StatusCode::kOk) << rs.ToString();
+    if (fail) {
+      EXPECT_NE(rs.message().find("injected read fault"), std::string::npos);
+    }
+    const auto mine1 = (*mine)->bytes().subspan(1024, 1024);
+    EXPECT_TRUE(All(mine1.first(512), 0xCD));
+    EXPECT_TRUE(All(mine1.subspan(512), fail ? 0xAB : 0xCD));
+  }
 }
 
 }  // namespace
