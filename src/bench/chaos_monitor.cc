@@ -116,6 +116,8 @@ EngineEnd ReadEngineEnd(const std::string& name, const std::string& url) {
                                            MetricSum(me->body, "kvrelay_pulls_resent_total"));
   e.pulls_answered = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_pulls_answered_total"));
   e.lanes_opened = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_lanes_opened_total"));
+  e.inline_ops = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_writes_inline_total") +
+                                       MetricSum(me->body, "kvrelay_reads_inline_total"));
   e.chunks_streamed =
       static_cast<uint64_t>(MetricSum(me->body, "kvrelay_prefill_chunks_streamed_total"));
   e.chunk_writes = static_cast<uint64_t>(MetricSum(me->body, "kvrelay_chunk_writes_total"));

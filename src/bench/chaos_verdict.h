@@ -59,6 +59,9 @@ struct EngineEnd {
                                                     // pulls counted once
   uint64_t loads_failed = 0;   // D: loads that failed (recomputed), current incarnation
   uint64_t lanes_opened = 0;   // local lanes opened (D) or attached (P), current incarnation
+  // Writes (P) and reads (D, read mode) run on the rank's own thread, ok or
+  // failed, current incarnation: fault drills must reach them too.
+  uint64_t inline_ops = 0;
   // P with --stream-chunks, current incarnation: chunks handed over while
   // prefilling, and writes of part of a pull.
   uint64_t chunks_streamed = 0, chunk_writes = 0;

@@ -128,12 +128,14 @@ int RunChaos(const ChaosCliOptions& cli) {
     if (!r.fault_detail.empty()) std::printf("    fault: %s\n", r.fault_detail.c_str());
     for (const EngineEnd& e : r.measure.engines) {
       std::printf("    %s%s: oldest send %.1f s (bound %.1f), oldest load %.1f s (bound %.1f), "
-                  "pull items %llu received / %llu answered, loads failed %llu, lanes %llu",
+                  "pull items %llu received / %llu answered, loads failed %llu, "
+                  "inline writes/reads %llu, lanes %llu",
                   e.name.c_str(), e.restarted ? " (restarted)" : "", e.max_send_age_s,
                   r.bounds.send_bound_s, e.max_load_age_s, r.bounds.load_bound_s,
                   static_cast<unsigned long long>(e.pulls_received),
                   static_cast<unsigned long long>(e.pulls_answered),
                   static_cast<unsigned long long>(e.loads_failed),
+                  static_cast<unsigned long long>(e.inline_ops),
                   static_cast<unsigned long long>(e.lanes_opened));
       if (e.prefill && o.kv_mode == "read") {
         std::printf(", oldest lease %.1f s (bound %.1f)", e.max_lease_age_s,
@@ -169,6 +171,7 @@ int RunChaos(const ChaosCliOptions& cli) {
                            {"pulls_answered", e.pulls_answered},
                            {"loads_failed", e.loads_failed},
                            {"lanes_opened", e.lanes_opened},
+                           {"inline_ops", e.inline_ops},
                            {"chunks_streamed", e.chunks_streamed},
                            {"chunk_writes", e.chunk_writes}});
       }
