@@ -47,7 +47,11 @@ class TcpPendingFixture : public testing::Test {
     return InternalError("the pending operation never ended");
   }
 
-  void SetUp() override {
+  void SetUp() override { MakePair(kLayout); }
+
+  // P's and D's transports and regions of `layout` (a test with other
+  // sizes calls it from its own SetUp).
+  void MakePair(const RegionLayout& layout) {
     TransportOptions options;
     options.tcp_streams = 1;  // one stream: "idle or not" is exact
     options.tcp_stripe_min_bytes = 16 * 1024;
@@ -56,8 +60,8 @@ class TcpPendingFixture : public testing::Test {
     ASSERT_TRUE(p.ok() && d.ok());
     p_ = std::move(p).value();
     d_ = std::move(d).value();
-    auto pr = p_->CreateRegion("p", kLayout);
-    auto dr = d_->CreateRegion("d", kLayout);
+    auto pr = p_->CreateRegion("p", layout);
+    auto dr = d_->CreateRegion("d", layout);
     ASSERT_TRUE(pr.ok() && dr.ok());
     p_region_ = std::move(pr).value();
     d_region_ = std::move(dr).value();

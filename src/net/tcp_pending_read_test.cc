@@ -108,21 +108,7 @@ class TcpPendingBigReadTest : public TcpPendingFixture {
   static constexpr uint64_t kBlock = 32 << 20;
 
   void SetUp() override {  // instead of the fixture's
-    TransportOptions options;
-    options.tcp_streams = 1;
-    auto p = MakeTcpTransport(options);
-    auto d = MakeTcpTransport(options);
-    ASSERT_TRUE(p.ok() && d.ok());
-    p_ = std::move(p).value();
-    d_ = std::move(d).value();
-    const RegionLayout big{1, 2, kBlock};
-    auto pr = p_->CreateRegion("pbig", big);
-    auto dr = d_->CreateRegion("dbig", big);
-    ASSERT_TRUE(pr.ok() && dr.ok());
-    p_region_ = std::move(pr).value();
-    d_region_ = std::move(dr).value();
-    std::span<uint8_t> src = p_region_->bytes();
-    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + i / 999);
+    ASSERT_NO_FATAL_FAILURE(MakePair(RegionLayout{1, 2, kBlock}));
     auto source = d_->OpenSource(p_region_->registration(), d_region_.get());
     ASSERT_TRUE(source.ok());
     source_ = std::move(source).value();
