@@ -114,12 +114,16 @@ void RegisterTransferBench(CLI::App* bench) {
       "raw mechanism (memcpy into a shared mapping, a socket stream, a UCX put) measured in the "
       "same run (for one block also, as context, the raw mechanism from idle, as kvrelay's "
       "transfers start), plus one-block latency against a bare ZeroMQ round trip");
-  cmd->add_option("--transports", o->transports, "shm, tcp, ucx")->capture_default_str();
+  cmd->add_option("--transports", o->transports, "shm, tcp, ucx")
+      ->check(TransportNames())
+      ->capture_default_str();
   cmd->add_option("--kv-mode", o->kv_mode,
                   "push (P writes into D; pull → answer) or read (D reads from P under a lease; "
                   "lease request → reads landed)")
+      ->check(KvModeNames())
       ->capture_default_str();
   cmd->add_option("--model-shape", o->shape, "model shape of the KV (tiny | small | 8b)")
+      ->check(ModelShapeNames())
       ->capture_default_str();
   cmd->add_option("--sizes", o->sizes_blocks, "transfer sizes, in blocks")->capture_default_str();
   cmd->add_option("--pool-blocks", o->pool_blocks,
@@ -148,6 +152,7 @@ void RegisterTransferBench(CLI::App* bench) {
                   "one-block pulls per transport for the latency figures (0: skip)")
       ->capture_default_str();
   cmd->add_option("--latency-shape", o->latency_shape, "model shape for the one-block latency")
+      ->check(ModelShapeNames())
       ->capture_default_str();
   cmd->add_option("--abort-probes", o->abort_probes,
                   "per transport: abort a P leg under the demo's load and time D's answer "
@@ -214,8 +219,10 @@ void RegisterTtftBench(CLI::App* bench) {
       "and every output is checked against the model; else the run fails. A missed target "
       "is not a failure (exit 0).");
   cmd->add_option("--transport", o->transport, "data plane: shm | tcp | ucx")
+      ->check(TransportNames())
       ->capture_default_str();
   cmd->add_option("--model-shape", o->shape, "model shape of the KV (tiny | small | 8b)")
+      ->check(ModelShapeNames())
       ->capture_default_str();
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "prompt lengths, in tokens")
       ->capture_default_str();
@@ -270,6 +277,7 @@ void RegisterTtftBench(CLI::App* bench) {
                   "emulated (--model-shape, modelled step times) | llama (llama.cpp engines: "
                   "real compute, P/D outputs compared with the plain engine's and llama.cpp "
                   "alone's; the model's export and import copies reported per token)")
+      ->check(EngineNames())
       ->capture_default_str();
   cmd->add_option("--model", o->model,
                   "--engine llama: the GGUF every engine serves (default: one made in --logs "
@@ -299,13 +307,24 @@ void RegisterTtftBench(CLI::App* bench) {
 
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
                   std::string* json_path) {
-  cmd->add_option("--requests,-n", o->requests, "requests to send")->capture_default_str();
-  cmd->add_option("--concurrency,-c", o->concurrency, "requests in flight at once")
+  cmd->add_option("--requests,-n", o->requests, "requests to send")
+      ->check(Positive())
       ->capture_default_str();
-  cmd->add_option("--prompt-tokens-min", o->prompt_min, "shortest prompt")->capture_default_str();
-  cmd->add_option("--prompt-tokens-max", o->prompt_max, "longest prompt")->capture_default_str();
-  cmd->add_option("--output-tokens-min", o->output_min, "shortest output")->capture_default_str();
-  cmd->add_option("--output-tokens-max", o->output_max, "longest output")->capture_default_str();
+  cmd->add_option("--concurrency,-c", o->concurrency, "requests in flight at once")
+      ->check(Positive())
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens-min", o->prompt_min, "shortest prompt")
+      ->check(Positive())
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens-max", o->prompt_max, "longest prompt")
+      ->check(Positive())
+      ->capture_default_str();
+  cmd->add_option("--output-tokens-min", o->output_min, "shortest output")
+      ->check(Positive())
+      ->capture_default_str();
+  cmd->add_option("--output-tokens-max", o->output_max, "longest output")
+      ->check(Positive())
+      ->capture_default_str();
   cmd->add_option("--disconnect-fraction", o->disconnect_fraction,
                   "fraction of clients that disconnect at a random moment (0..1)")
       ->capture_default_str()
@@ -313,20 +332,41 @@ void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* contr
   cmd->add_option("--control", *controls,
                   "lifecycle call during the load, e.g. \"pause:mode=abort,target=p@3s\" "
                   "(target p|d|all; pause/sleep are followed by resume/wake_up after "
-                  "resume_after_ms=200)");
+                  "resume_after_ms=200)")
+      ->check(CLI::Validator(
+          [](std::string& call) {
+            const Result<ControlCall> parsed = ParseControlCall(call);
+            return parsed.ok() ? std::string() : parsed.status().message();
+          },
+          "CALL"));
   cmd->add_option("--seed", o->seed, "seed for prompts, lengths and disconnects")
       ->capture_default_str();
   cmd->add_option("--probes", o->probes, "probe requests checked against Reference afterwards")
       ->capture_default_str();
   cmd->add_option("--request-timeout-s", o->request_timeout_s, "a request hung longer failed")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--idle-timeout-s", o->idle_timeout_s,
                   "how long engines may take to go idle after the load")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--json", *json_path, "also write the report as JSON to this file");
   cmd->add_option("--auth-token-file", o->auth_token_file,
                   "shared secret (chmod 600) the engines were started with: signs lifecycle "
                   "calls and /debug/state reads");
+}
+
+std::string LoadFlagsError(const LoadOptions& o) {
+  if (o.prompt_min == 0 || o.prompt_min > o.prompt_max) {
+    return "--prompt-tokens-min (" + std::to_string(o.prompt_min) + ") must be from 1 to " +
+           "--prompt-tokens-max (" + std::to_string(o.prompt_max) + ")";
+  }
+  if (o.output_min == 0 || o.output_min > o.output_max) {
+    return "--output-tokens-min (" + std::to_string(o.output_min) + ") must be from 1 to " +
+           "--output-tokens-max (" + std::to_string(o.output_max) + ")";
+  }
+  if (o.requests == 0 || o.concurrency == 0) return "--requests and --concurrency must be ≥ 1";
+  return "";
 }
 
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
@@ -348,9 +388,8 @@ int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& cont
     }
     o.controls.push_back(*call);
   }
-  if (o.prompt_min == 0 || o.prompt_min > o.prompt_max || o.output_min == 0 ||
-      o.output_min > o.output_max || o.requests == 0 || o.concurrency == 0) {
-    std::fprintf(stderr, "kvrelay: bad lengths or counts (min <= max, all >= 1)\n");
+  if (const std::string bad = LoadFlagsError(o); !bad.empty()) {
+    std::fprintf(stderr, "kvrelay: %s\n", bad.c_str());
     return 2;
   }
   LoadReport r = RunLoad(o);

@@ -84,6 +84,11 @@ int RunChaos(const ChaosCliOptions& cli) {
                          "whole\n");
     return 2;
   }
+  if (o.fault_at_s >= o.load_s) {
+    std::fprintf(stderr, "kvrelay chaos: --fault-at-s (%.2f) must land before the load ends "
+                 "(--load-s %.2f)\n", o.fault_at_s, o.load_s);
+    return 2;
+  }
   InstallChaosSignalCleanup();
   // The read-mode timings every engine of a case runs with.
   const auto ReadModeFlags = [](const ChaosOptions& c) {
@@ -223,49 +228,69 @@ void RegisterChaos(CLI::App& app) {
   cmd->add_option("--json", o->json_path, "also write the rows as JSON to this file");
   cmd->add_option("--logs", r.logs, "folder for the processes' logs (default /tmp/kvrelay-chaos-<time>)");
   cmd->add_option("--transport", r.transport,
-                  "shm | tcp for the kill and fail-writes cases (partitions and slow-d: tcp)")
+                  "the data plane (the partition and slow-d cases run on tcp)")
+      ->check(TransportNames())
       ->capture_default_str();
   cmd->add_option("--seed", r.seed, "load seed (each case adds its number)")->capture_default_str();
-  cmd->add_option("--concurrency", r.concurrency, "client requests in flight")->capture_default_str();
+  cmd->add_option("--concurrency", r.concurrency, "client requests in flight")
+      ->check(Positive())
+      ->capture_default_str();
   AddLlamaClusterFlags(cmd, &r.llama);
   cmd->add_option("--kv-mode", r.kv_mode,
                   "the engines' --kv-mode: push, or read (D reads under short leases; "
                   "fail-writes fails D's reads; P's leases must end within their bound)")
+      ->check(KvModeNames())
       ->capture_default_str();
   cmd->add_flag("--stream-chunks", r.stream_chunks,
                 "P streams each finished prefill chunk (32 tokens, P's --max-batch-tokens) to "
                 "D (serve's --stream-chunks), so faults land mid-stream; emulated engines only");
   cmd->add_option("--load-s", r.load_s, "requests start for this long in each case")
+      ->check(Positive())
       ->capture_default_str();
-  cmd->add_option("--fault-at-s", r.fault_at_s, "when the fault lands, from the load's start")
+  cmd->add_option("--fault-at-s", r.fault_at_s,
+                  "when the fault lands, from the load's start (before --load-s ends)")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--down-s", r.down_s, "kill cases: how long the process stays dead")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--partition-s", r.partition_s, "partition-heal: how long the partition lasts")
+      ->check(Positive())
       ->capture_default_str();
-  cmd->add_option("--slow-s", r.slow_s, "slow-d: how long D is throttled")->capture_default_str();
+  cmd->add_option("--slow-s", r.slow_s, "slow-d: how long D is throttled")
+      ->check(Positive())
+      ->capture_default_str();
   cmd->add_option("--slow-stop-ms", r.slow_stop_ms, "slow-d: D stopped this long each cycle")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--slow-run-ms", r.slow_run_ms, "slow-d: D running this long each cycle")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--fail-probability", r.fail_probability,
                   "fail-writes: probability that a write (read mode: a read) fails half-way")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--fail-after-bytes", r.fail_after_bytes,
                   "fail-writes: failures start after P wrote (D read) this many KV bytes")
       ->capture_default_str();
   cmd->add_option("--step-per-token-us", r.step_per_token_us, "engines' modelled compute")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--abort-timeout-s", r.abort_timeout_s, "engines' --abort-timeout-s")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--giveup-grace-s", r.giveup_grace_s, "engines' --giveup-grace-s")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--peer-dead-after-s", r.peer_dead_after_s, "engines' --peer-dead-after-s")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--slack-s", r.slack_s, "scheduling slack added to every transfer bound")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--recover-bound-s", r.recover_bound_s,
                   "a case fails if serving does not resume within this long after the fault")
+      ->check(Positive())
       ->capture_default_str();
   cmd->callback([o] { SetExitCode(RunChaos(*o)); });
 }

@@ -22,12 +22,45 @@ void RegisterHttpBench(CLI::App* bench);
 void RegisterLlamaBench(CLI::App* bench);
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
                   std::string* json_path);
+// What is wrong with a load's flags taken together ("" if nothing): each
+// min at most its max. Checked before a cluster starts.
+std::string LoadFlagsError(const LoadOptions& o);
 int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
                    const std::string& json_path);
 void RegisterDemo(CLI::App& app);
 void RegisterMatrix(CLI::App& app);
 void RegisterChaos(CLI::App& app);
 void RegisterMakeModel(CLI::App& app);
+
+// The names a flag of each kind takes. Checked with ->check(...), a flag
+// refuses any other value as the command line is parsed, before anything
+// starts ("--transport: foo not in {shm,tcp,ucx}"; --help shows the set).
+// Each list is what the value's parser accepts (net::ParseTransport,
+// engine::ModelShapeByName, ParseKvMode, ...); tests/bad_flags.sh runs every
+// command with a value outside it.
+inline CLI::IsMember OneOf(std::vector<std::string> names) { return CLI::IsMember(names); }
+inline CLI::IsMember TransportNames() { return OneOf({"shm", "tcp", "ucx"}); }
+inline CLI::IsMember ModelShapeNames() { return OneOf({"tiny", "small", "8b"}); }
+inline CLI::IsMember KvModeNames() { return OneOf({"push", "read"}); }
+inline CLI::IsMember EngineNames() { return OneOf({"emulated", "llama"}); }
+inline CLI::IsMember LoadPolicyNames() { return OneOf({"recompute", "fail"}); }
+// A number above 0 (Positive) or at least 0 (NonNegative); anything else
+// is refused as "--flag: -1 is below 0" (CLI11's own checks name a range up
+// to the largest double).
+inline CLI::Validator NumberCheck(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& value) -> std::string {
+        double x = 0;
+        if (!CLI::detail::lexical_cast(value, x)) return value + " is not a number";
+        if (allow_zero ? x >= 0 : x > 0) return "";
+        return value + (allow_zero ? " is below 0" : " is not above 0");
+      },
+      allow_zero ? "≥ 0" : "> 0");
+}
+inline CLI::Validator Positive() { return NumberCheck(false); }
+inline CLI::Validator NonNegative() { return NumberCheck(true); }
+// Tensor-parallel ranks an engine may run (serve --tp; the clusters' --p-tp, --d-tp).
+inline CLI::IsMember TpSizes() { return CLI::IsMember(std::vector<uint32_t>{1, 2, 4}); }
 
 // The process exit code chosen by the subcommand that ran (0 by default).
 int ExitCode();

@@ -29,6 +29,10 @@ struct DemoOptions {
 
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
             const std::vector<std::string>& controls, const std::string& json_path) {
+  if (const std::string bad = LoadFlagsError(load_base); !bad.empty()) {
+    std::fprintf(stderr, "kvrelay demo: %s\n", bad.c_str());
+    return 2;
+  }
   ClusterOptions c;
   c.logs = d.logs.empty() ? "/tmp/kvrelay-demo-" + std::to_string(std::time(nullptr)) : d.logs;
   c.transport = d.transport;
@@ -110,10 +114,14 @@ void RegisterDemo(CLI::App& app) {
       "through them with client disconnects and a lifecycle call (default: pause abort on P "
       "at 3 s, then resume), print the report, shut everything down");
   cmd->add_option("--logs", d->logs, "folder for the processes' logs (default /tmp/kvrelay-demo-<time>)");
-  cmd->add_option("--transport", d->transport, "shm | tcp | ucx")->capture_default_str();
-  cmd->add_option("--model-shape", d->shape, "tiny | small | 8b")->capture_default_str();
-  cmd->add_option("--p-tp", d->p_tp, "prefill tp")->capture_default_str();
-  cmd->add_option("--d-tp", d->d_tp, "decode tp")->capture_default_str();
+  cmd->add_option("--transport", d->transport, "data plane")
+      ->check(TransportNames())
+      ->capture_default_str();
+  cmd->add_option("--model-shape", d->shape, "model shape of the KV")
+      ->check(ModelShapeNames())
+      ->capture_default_str();
+  cmd->add_option("--p-tp", d->p_tp, "prefill tp")->check(TpSizes())->capture_default_str();
+  cmd->add_option("--d-tp", d->d_tp, "decode tp")->check(TpSizes())->capture_default_str();
   cmd->add_option("--num-blocks", d->num_blocks, "KV blocks per engine (default: serve's)");
   cmd->add_option("--control-nice", d->control_nice,
                   "the engines' --control-nice: aborts, lifecycle calls and answers preempt "

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cli/commands.h"
 #include "cli/llama_checker.h"
 #include "llama/llama_model.h"
 #include "llama/model_maker.h"
@@ -15,6 +16,7 @@ void AddLlamaClusterFlags(CLI::App* cmd, LlamaClusterFlags* f) {
   cmd->add_option("--engine", f->engine,
                   "emulated (the checkable emulated model) | llama (llama.cpp engines; outputs "
                   "checked against llama.cpp alone: first token exact, whole outputs counted)")
+      ->check(EngineNames())
       ->capture_default_str();
   cmd->add_option("--model", f->model,
                   "--engine llama: the GGUF the engines serve as weights version 1 (default: "

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include "cli/commands.h"
+
 namespace kvrelay::cli {
 namespace {
 
@@ -48,6 +50,7 @@ void AddLlamaServeFlags(CLI::App* cmd, LlamaServeFlags* f) {
   cmd->add_option("--engine", f->engine,
                   "emulated (the checkable emulated model) | llama (a GGUF model through "
                   "llama.cpp; needs --model)")
+      ->check(EngineNames())
       ->capture_default_str();
   cmd->add_option("--model", f->model,
                   "--engine llama: the GGUF file to serve (weights version 1); "

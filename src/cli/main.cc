@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
          },
          "stop (SIGTERM) when process PID, this one's parent, exits (given before the "
          "subcommand; the cluster commands pass it to the processes they start)")
-      ->check(CLI::PositiveNumber);
+      ->check(kvrelay::cli::Positive());
   kvrelay::cli::RegisterBench(app);
   kvrelay::cli::RegisterSim(app);
   kvrelay::cli::RegisterServe(app);

@@ -478,36 +478,49 @@ void RegisterMatrix(CLI::App& app) {
       "The 27 lifecycle cases against real processes: a fresh P, D and router per case, a "
       "load, the call, and the checks; prints a table and 'N passed, M failed'");
   cmd->add_option("--cases", m->cases, "comma-separated case names or numbers (default: all)");
-  cmd->add_option("--requests", m->requests, "requests per case")->capture_default_str();
-  cmd->add_option("--concurrency", m->concurrency, "concurrency per case")->capture_default_str();
-  cmd->add_option("--call-at-s", m->call_at_s, "when the call lands, from the load's start")
+  cmd->add_option("--requests", m->requests, "requests per case")
+      ->check(Positive())
       ->capture_default_str();
-  cmd->add_option("--transport", m->transport, "shm | tcp | ucx")->capture_default_str();
+  cmd->add_option("--concurrency", m->concurrency, "concurrency per case")
+      ->check(Positive())
+      ->capture_default_str();
+  cmd->add_option("--call-at-s", m->call_at_s, "when the call lands, from the load's start")
+      ->check(NonNegative())
+      ->capture_default_str();
+  cmd->add_option("--transport", m->transport, "data plane")
+      ->check(TransportNames())
+      ->capture_default_str();
   cmd->add_option("--kv-mode", m->kv_mode,
                   "push | read: the engines' and router's --kv-mode; in read mode each case "
                   "also checks that P's longest lease hold stays within the lease (30 s)")
+      ->check(KvModeNames())
       ->capture_default_str();
   cmd->add_option("--call-order", m->call_order,
                   "for calls on both engines: d-first, p-first, together, or random (drawn "
                   "per case from --seed; the table says which)")
+      ->check(OneOf({"d-first", "p-first", "together", "random"}))
       ->capture_default_str();
   cmd->add_option("--call-gap-ms", m->call_gap_ms,
                   "how long after the first engine's call the second one's comes")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--kv-load-failure-policy", m->policy,
                   "recompute | fail: the engines' --load-failure-policy; under either, a case "
                   "whose call aborts nothing must end with 0 errors")
+      ->check(LoadPolicyNames())
       ->capture_default_str();
   cmd->add_flag("--stream-chunks", m->stream_chunks,
                 "P streams each finished prefill chunk to D (serve --stream-chunks; push "
                 "mode), every engine at a budget of " + std::to_string(kStreamChunkTokens) +
                     " tokens a step so prompts span several chunks");
-  cmd->add_option("--model-shape", m->shape, "tiny | small | 8b")->capture_default_str();
+  cmd->add_option("--model-shape", m->shape, "model shape of the KV")
+      ->check(ModelShapeNames())
+      ->capture_default_str();
   AddLlamaClusterFlags(cmd, &m->llama);
-  cmd->add_option("--p-tp", m->p_tp, "prefill tp")->capture_default_str();
-  cmd->add_option("--d-tp", m->d_tp, "decode tp")->capture_default_str();
+  cmd->add_option("--p-tp", m->p_tp, "prefill tp")->check(TpSizes())->capture_default_str();
+  cmd->add_option("--d-tp", m->d_tp, "decode tp")->check(TpSizes())->capture_default_str();
   cmd->add_option("--step-per-token-us", m->step_per_token_us, "engines' modelled compute")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--seed", m->seed, "load seed (each case adds its number)")
       ->capture_default_str();

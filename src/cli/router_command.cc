@@ -199,7 +199,7 @@ void RegisterRouter(CLI::App& app) {
                   "a request with no token this long after it arrived (P's leg not done: P "
                   "paused or asleep; or no token streamed) fails with 503 and both legs are "
                   "cancelled; 0: no bound (the engines' own --max-queue-wait-s still applies)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--recheck-interval-ms", o->recheck_interval_ms,
                   "how often an engine that is down is asked for /kv_info again")
@@ -210,6 +210,7 @@ void RegisterRouter(CLI::App& app) {
   cmd->add_option("--kv-mode", o->kv_mode,
                   "push or read: the engines' --kv-mode; an engine of the other mode is "
                   "refused at discovery")
+      ->check(KvModeNames())
       ->capture_default_str();
   cmd->add_option("--auth-token-file", o->auth_token_file,
                   "the cluster's shared secret (chmod 600); checked at start. The router has "

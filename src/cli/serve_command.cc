@@ -266,12 +266,16 @@ void RegisterServe(CLI::App& app) {
       "serve",
       "Run one engine: the OpenAI-compatible HTTP API, admin calls, /metrics, and the KV "
       "control channel and data plane");
-  cmd->add_option("--role", o->role, "prefill | decode | both | plain")->capture_default_str();
-  cmd->add_option("--tp", o->tp, "tensor-parallel ranks (1, 2 or 4)")->capture_default_str();
-  cmd->add_option("--model-shape", o->shape, "tiny | small | 8b (--engine emulated)")
+  cmd->add_option("--role", o->role, "what the engine serves")
+      ->check(OneOf({"prefill", "decode", "both", "plain"}))
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "tensor-parallel ranks")->check(TpSizes())->capture_default_str();
+  cmd->add_option("--model-shape", o->shape, "model shape of the KV (--engine emulated)")
+      ->check(ModelShapeNames())
       ->capture_default_str();
   AddLlamaServeFlags(cmd, &o->llama);
-  cmd->add_option("--transport", o->transport, "data plane: shm | tcp | ucx")
+  cmd->add_option("--transport", o->transport, "data plane")
+      ->check(TransportNames())
       ->capture_default_str();
   cmd->add_option("--host", o->host, "address to listen on (HTTP, control, tcp data)")
       ->capture_default_str();
@@ -344,6 +348,7 @@ void RegisterServe(CLI::App& app) {
                   "push: P writes the KV into D's blocks (Mooncake-like). read: D reads P's "
                   "blocks one-sided under a lease D renews by heartbeat (NIXL-like); every "
                   "engine of a cluster and its router must agree")
+      ->check(KvModeNames())
       ->capture_default_str();
   cmd->add_flag("--stream-chunks", o->stream_chunks,
                "prefill, push mode: hand each finished prompt chunk to D while the prefill "
@@ -372,7 +377,8 @@ void RegisterServe(CLI::App& app) {
                   "modelled step time: per token computed")
       ->capture_default_str();
   cmd->add_option("--load-failure-policy", o->load_failure_policy,
-                  "a failed KV load: recompute | fail")
+                  "a failed KV load: recompute it, or fail its request")
+      ->check(LoadPolicyNames())
       ->capture_default_str();
   cmd->add_option("--max-queue-wait-s", o->max_queue_wait_s,
                   "a request with no token this long after it arrived (queued behind a pause "

@@ -629,18 +629,18 @@ void RegisterSim(CLI::App& app) {
                   "Stop starting new seeds after this many seconds, and stop a seed still "
                   "running a tenth later (at least 1 s; listed as unfinished, counted neither "
                   "way) (0 = no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_flag("--fail-fast", o->fail_fast,
                "Stop at the first failing seed (the other workers' seeds are not counted)");
   cmd->add_option("--jobs", o->jobs, "Worker processes (default: one per core)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--regressions", o->regressions,
                   "Replay the seeds listed in FILE (one per line, # comments)");
   cmd->add_flag("--require-marks", o->require_marks,
                 "Fail if a required coverage mark was never hit");
   cmd->add_option("--determinism", o->determinism,
                   "Re-run N of the seeds and require identical trace hashes")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   cmd->add_option("--scenario", o->scenario,
                   "Run one lifecycle-matrix case by name (e.g. pause-abort-clear-p)");
   cmd->add_flag("--matrix", o->matrix,
@@ -649,30 +649,51 @@ void RegisterSim(CLI::App& app) {
                   "With --matrix/--scenario: push (P writes into D) or read (D reads P's "
                   "blocks under a lease: 30 s, extended 20 s by heartbeats every 5 s); "
                   "seeded runs draw their mode from the seed")
+      ->check(KvModeNames())
       ->capture_default_str();
   cmd->add_option("--call-order", o->call_order,
                   "With --matrix/--scenario, for calls on both engines: d-first, p-first, "
                   "together, or all three in turn")
+      ->check(OneOf({"d-first", "p-first", "together", "all"}))
       ->capture_default_str();
   cmd->add_option("--call-gap-ms", o->call_gap_ms,
                   "With --matrix/--scenario: how long after the first engine's call the "
                   "second one's comes (d-first, p-first)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--kv-load-failure-policy", o->policy,
                   "With --matrix/--scenario: recompute (a failed load recomputes), fail (it "
                   "fails its request; only a call that aborts may then end requests with "
                   "an error), or all (both in turn)")
+      ->check(OneOf({"recompute", "fail", "all"}))
       ->capture_default_str();
   cmd->add_option("--stream-chunks", o->stream,
                   "With --matrix/--scenario: off (P hands the KV off when its prefill ends), "
                   "on (P hands each finished prompt chunk off while the prefill goes on; push "
                   "mode only), or all (both in turn; read mode: off)")
+      ->check(OneOf({"off", "on", "all"}))
       ->capture_default_str();
   cmd->add_option("--json", o->json_path,
                   "Also write the run's report as JSON to this file (seeded runs: counts, "
                   "rates, coverage; --matrix/--scenario: one row per run)");
-  cmd->callback([o] { SetExitCode(RunCommand(*o)); });
+  // Seeded runs draw these from the seed: given without --matrix or
+  // --scenario, they would be ignored, so they are refused.
+  const std::vector<const CLI::Option*> scenario_only = {
+      cmd->get_option("--kv-mode"), cmd->get_option("--call-order"),
+      cmd->get_option("--call-gap-ms"), cmd->get_option("--kv-load-failure-policy"),
+      cmd->get_option("--stream-chunks")};
+  cmd->callback([o, scenario_only] {
+    if (!o->matrix && o->scenario.empty()) {
+      for (const CLI::Option* opt : scenario_only) {
+        if (opt->count() == 0) continue;
+        std::fprintf(stderr, "kvrelay sim: %s applies to --matrix and --scenario only (seeded "
+                     "runs draw it from each seed)\n", opt->get_name().c_str());
+        SetExitCode(2);
+        return;
+      }
+    }
+    SetExitCode(RunCommand(*o));
+  });
 }
 
 }  // namespace kvrelay::cli

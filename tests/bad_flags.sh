@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Every command refuses a bad flag value before it starts anything: each
+# line below runs kvrelay with one bad value and must exit non-zero within
+# the guard, with the expected words in its output, and without having
+# started a process (no "did not come up", no cluster line). Without the
+# parse-time checks, most of these started engines first and failed late
+# (or ran: sim ignored --kv-mode outside --matrix/--scenario).
+# Usage: bad_flags.sh KVRELAY
+set -u
+kvrelay="${1:?usage: bad_flags.sh KVRELAY}"
+guard_s=20
+failed=0
+checked=0
+
+# expect WORDS ARGS...: kvrelay ARGS must fail, printing WORDS (a grep -E
+# pattern), and start nothing.
+expect() {
+  local words="$1"
+  shift
+  local out rc
+  out=$(timeout "$guard_s" "$kvrelay" "$@" 2>&1)
+  rc=$?
+  checked=$((checked + 1))
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    echo "FAIL (exit $rc): kvrelay $*"
+  elif ! grep -qE -- "$words" <<<"$out"; then
+    echo "FAIL (no '$words'): kvrelay $*"
+  elif grep -qE 'did not come up|starting P and D|1P1D on loopback|cases; each a fresh' <<<"$out"; then
+    echo "FAIL (started something first): kvrelay $*"
+  else
+    return 0
+  fi
+  echo "$out" | head -5 | sed 's/^/    /'
+  failed=$((failed + 1))
+}
+
+expect '--transport: foo not in \{shm,tcp,ucx\}' demo --transport foo
+expect '--model-shape: foo not in' demo --model-shape foo
+expect '--p-tp: 3 not in \{1,2,4\}' demo --p-tp 3
+expect '--concurrency: 0 is not above 0' demo -c 0
+expect '--requests: 0 is not above 0' demo -n 0
+expect "--prompt-tokens-min \(50\) must be from 1 to --prompt-tokens-max \(10\)" \
+  demo --prompt-tokens-min 50 --prompt-tokens-max 10
+expect "--control: --control 'bogus'" demo --control bogus
+expect '--transport: foo not in' matrix --cases 1 --transport foo
+expect '--model-shape: foo not in' matrix --cases 1 --model-shape foo
+expect '--engine: foo not in \{emulated,llama\}' matrix --cases 1 --engine foo
+expect '--d-tp: 0 not in' matrix --cases 1 --d-tp 0
+expect '--requests: 0 is not above 0' matrix --cases 1 --requests 0
+expect '--call-order: sideways not in' matrix --cases 1 --call-order sideways
+expect "--stream-chunks is a push-mode hand-off" matrix --stream-chunks --kv-mode read
+expect '--transport: foo not in' chaos --case kill-p --transport foo
+expect '--engine: foo not in' chaos --case kill-p --engine foo
+expect '--concurrency: 0 is not above 0' chaos --case kill-p --concurrency 0
+expect '--fail-probability: Value 2 not in range' chaos --case kill-p --fail-probability 2
+expect '--fault-at-s \(2.00\) must land before the load ends' chaos --case kill-p --load-s 1
+expect "no case 'kill-everything'" chaos --case kill-everything
+expect '--role: foo not in' serve --role foo
+expect '--tp: 3 not in \{1,2,4\}' serve --tp 3
+expect '--load-failure-policy: foo not in' serve --load-failure-policy foo
+expect '--kv-mode: foo not in \{push,read\}' serve --kv-mode foo
+expect "--stream-chunks is a push-mode hand-off" serve --stream-chunks --kv-mode read
+expect '--kv-mode: foo not in' router --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 \
+  --kv-mode foo
+expect '--transports: foo not in' bench transfer --transports shm foo
+expect '--latency-shape: foo not in' bench transfer --latency-shape foo
+expect '--model-shape: foo not in' bench ttft --model-shape foo
+expect '--engine: foo not in' bench ttft --engine foo
+expect '--requests: 0 is not above 0' bench load -n 0
+expect '--kv-mode: foo not in' sim --matrix --kv-mode foo
+expect '--kv-mode applies to --matrix and --scenario only' sim --kv-mode read --seeds 1..2
+expect '--stream-chunks applies to --matrix and --scenario only' sim --stream-chunks on
+expect '--jobs: -1 is below 0' sim --jobs -1
+
+echo "bad_flags: $checked command lines, $failed not refused as they should be"
+[ "$failed" -eq 0 ]
