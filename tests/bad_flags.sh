@@ -60,6 +60,18 @@ expect '--tp: 3 not in \{1,2,4\}' serve --tp 3
 expect '--load-failure-policy: foo not in' serve --load-failure-policy foo
 expect '--kv-mode: foo not in \{push,read\}' serve --kv-mode foo
 expect "--stream-chunks is a push-mode hand-off" serve --stream-chunks --kv-mode read
+expect '--num-workers: 0 is not above 0' serve --num-workers 0
+expect '--abort-timeout-s: 0 is not above 0' serve --abort-timeout-s 0
+expect '--giveup-grace-s: -5 is below 0' serve --giveup-grace-s -5
+expect '--ctrl-port: Value 70000 not in range 1 to 65535' serve --ctrl-port 70000
+expect '--port: Value 70000 not in range' serve --port 70000
+expect '--tcp-streams: 0 is not above 0' serve --tcp-streams 0
+expect '--step-base-us: -3 is below 0' serve --step-base-us -3
+expect '--debug-fail-writes-probability: Value 3 not in range' serve \
+  --debug-fail-writes-probability 3
+expect '--threads: 0 is not above 0' serve --engine llama --threads 0
+expect '--max-connections: 0 is not above 0' router --prefill http://127.0.0.1:1 \
+  --decode http://127.0.0.1:2 --max-connections 0
 expect '--kv-mode: foo not in' router --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 \
   --kv-mode foo
 expect '--transports: foo not in' bench transfer --transports shm foo

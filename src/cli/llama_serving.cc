@@ -56,6 +56,7 @@ void AddLlamaServeFlags(CLI::App* cmd, LlamaServeFlags* f) {
                   "--engine llama: the GGUF file to serve (weights version 1); "
                   "`kvrelay make-model` writes one");
   cmd->add_option("--threads", f->threads, "--engine llama: llama.cpp's compute threads")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--weights-version", f->weights_versions,
                   "--engine llama: VERSION=FILE.gguf, the file update_weights loads for "

@@ -174,7 +174,9 @@ void RegisterRouter(CLI::App& app) {
       ->required()
       ->expected(1, -1);
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
-  cmd->add_option("--port", o->port, "HTTP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--port", o->port, "HTTP port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   cmd->add_option("--max-inflight", o->max_inflight,
                   "client requests served at once; more get 503")
       ->capture_default_str();

@@ -279,22 +279,30 @@ void RegisterServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--host", o->host, "address to listen on (HTTP, control, tcp data)")
       ->capture_default_str();
-  cmd->add_option("--port", o->port, "HTTP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--port", o->port, "HTTP port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   cmd->add_option("--ctrl-port", o->ctrl_port,
                   "control channel base port; rank r listens on it + r (default: --port + 1000; "
-                  "with --port 0, free ports)");
+                  "with --port 0, free ports)")
+      ->check(CLI::Range(1, 65535));
   cmd->add_option("--advertise-host", o->advertise_host,
                   "host D engines should connect to (default: --host)");
   cmd->add_option("--engine-id", o->engine_id,
                   "this engine's id, unique in the cluster, below 2^28 (default: random)");
   cmd->add_option("--num-blocks", o->num_blocks,
-                  "KV blocks in the pool (default: 4096 for tiny, 512 otherwise)");
-  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per step");
+                  "KV blocks in the pool (default: 4096 for tiny, 512 otherwise)")
+      ->check(Positive());
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per step")
+      ->check(Positive());
   cmd->add_option("--max-running", o->max_running, "requests running at once")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--max-waiting", o->max_waiting, "bound on the waiting queue")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--num-workers", o->num_workers, "data-plane writes in flight per rank")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--inline-write-kib", o->inline_write_kib,
                   "a write (read mode: a read) of at most this many KiB runs on the rank's "
@@ -336,13 +344,16 @@ void RegisterServe(CLI::App& app) {
                 "--transport, when P's host is local: two thread wake-ups a pull instead of "
                 "six; docs/wire.md)");
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "ucx transport: UCX_TLS (default: UCX's choice)");
   cmd->add_option("--abort-timeout-s", o->abort_timeout_s,
                   "how long a finished prefill waits to be pulled, and a pull for its prefill")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--giveup-grace-s", o->giveup_grace_s,
                   "D gives up a load this long after its pull's deadline")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--kv-mode", o->kv_mode,
                   "push: P writes the KV into D's blocks (Mooncake-like). read: D reads P's "
@@ -357,12 +368,15 @@ void RegisterServe(CLI::App& app) {
   cmd->add_option("--lease-s", o->lease_s,
                   "read mode, P: how long a finished prefill's KV is held for D's reads "
                   "before any heartbeat")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--lease-extension-s", o->lease_extension_s,
                   "read mode, P: each heartbeat keeps the lease at least this long from then")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--lease-heartbeat-s", o->lease_heartbeat_s,
                   "read mode, D: heartbeat interval for a load in flight")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--read-margin-s", o->read_margin_s,
                   "read mode, D: start no read with less lease left than this (at least the "
@@ -370,11 +384,14 @@ void RegisterServe(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--peer-dead-after-s", o->peer_dead_after_s,
                   "D fails loads from a P silent this long")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--step-base-us", o->step_base_us, "modelled step time: fixed part")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--step-per-token-us", o->step_per_token_us,
                   "modelled step time: per token computed")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_option("--load-failure-policy", o->load_failure_policy,
                   "a failed KV load: recompute it, or fail its request")
@@ -408,6 +425,7 @@ void RegisterServe(CLI::App& app) {
                   "each KV write fails with this probability after writing half its bytes "
                   "(0: off)")
       ->group(drills)
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--debug-fail-writes-after-bytes", o->write_faults.after_bytes,
                   "failures start once this many KV bytes were written")
@@ -421,6 +439,7 @@ void RegisterServe(CLI::App& app) {
                   "read mode: each KV read fails with this probability after reading half "
                   "its bytes (0: off)")
       ->group(drills)
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--debug-fail-reads-after-bytes", o->write_faults.read_after_bytes,
                   "read failures start once this many KV bytes were read")
