@@ -57,8 +57,12 @@ class RawClient {
   std::string ReadUntil(const std::string& until, std::chrono::milliseconds timeout,
                         bool* closed = nullptr) {
     const auto end = std::chrono::steady_clock::now() + timeout;
+    size_t from = 0;  // `until` does not start before this: each byte is searched once
     for (;;) {
-      if (!until.empty() && got_.find(until) != std::string::npos) break;
+      if (!until.empty()) {
+        if (got_.find(until, from) != std::string::npos) break;
+        from = got_.size() < until.size() ? 0 : got_.size() - until.size() + 1;
+      }
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
