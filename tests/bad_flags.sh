@@ -55,25 +55,32 @@ expect '--concurrency: 0 is not above 0' chaos --case kill-p --concurrency 0
 expect '--fail-probability: Value 2 not in range' chaos --case kill-p --fail-probability 2
 expect '--fault-at-s \(2.00\) must land before the load ends' chaos --case kill-p --load-s 1
 expect "no case 'kill-everything'" chaos --case kill-everything
-expect '--role: foo not in' serve --role foo
-expect '--tp: 3 not in \{1,2,4\}' serve --tp 3
-expect '--load-failure-policy: foo not in' serve --load-failure-policy foo
-expect '--kv-mode: foo not in \{push,read\}' serve --kv-mode foo
-expect "--stream-chunks is a push-mode hand-off" serve --stream-chunks --kv-mode read
-expect '--num-workers: 0 is not above 0' serve --num-workers 0
-expect '--abort-timeout-s: 0 is not above 0' serve --abort-timeout-s 0
-expect '--giveup-grace-s: -5 is below 0' serve --giveup-grace-s -5
-expect '--ctrl-port: Value 70000 not in range 1 to 65535' serve --ctrl-port 70000
+expect '--role: foo not in' serve --port 0 --role foo
+expect '--tp: 3 not in \{1,2,4\}' serve --port 0 --tp 3
+expect '--load-failure-policy: foo not in' serve --port 0 --load-failure-policy foo
+expect '--kv-mode: foo not in \{push,read\}' serve --port 0 --kv-mode foo
+expect "--stream-chunks is a push-mode hand-off" serve --port 0 --stream-chunks --kv-mode read
+expect '--num-workers: 0 is not above 0' serve --port 0 --num-workers 0
+expect '--abort-timeout-s: 0 is not above 0' serve --port 0 --abort-timeout-s 0
+expect '--giveup-grace-s: -5 is below 0' serve --port 0 --giveup-grace-s -5
+expect '--ctrl-port: Value 70000 not in range 1 to 65535' serve --port 0 --ctrl-port 70000
 expect '--port: Value 70000 not in range' serve --port 70000
-expect '--tcp-streams: 0 is not above 0' serve --tcp-streams 0
-expect '--step-base-us: -3 is below 0' serve --step-base-us -3
-expect '--debug-fail-writes-probability: Value 3 not in range' serve \
+expect '--tcp-streams: 0 is not above 0' serve --port 0 --tcp-streams 0
+expect '--step-base-us: -3 is below 0' serve --port 0 --step-base-us -3
+expect '--debug-fail-writes-probability: Value 3 not in range' serve --port 0 \
   --debug-fail-writes-probability 3
-expect '--threads: 0 is not above 0' serve --engine llama --threads 0
+expect '--threads: 0 is not above 0' serve --port 0 --engine llama --threads 0
+expect '--abort-timeout-s: inf is not a number' serve --port 0 --abort-timeout-s inf
+expect '--peer-dead-after-s: 1e12 is above 1000000000' serve --port 0 --peer-dead-after-s 1e12
+expect 'control ports 65535..65536 \(--ctrl-port \+ rank, tp 2\) go past 65535' serve --tp 2 \
+  --ctrl-port 65535
+expect 'control ports 65600..65600 \(--port \+ 1000' serve --port 64600
+expect '--step-per-token-us: -1 is below 0' demo --step-per-token-us -1
+expect '--tcp-streams: 0 is not above 0' bench transfer --tcp-streams 0
 expect '--max-connections: 0 is not above 0' router --prefill http://127.0.0.1:1 \
-  --decode http://127.0.0.1:2 --max-connections 0
+  --decode http://127.0.0.1:2 --discovery-timeout-s 1 --max-connections 0
 expect '--kv-mode: foo not in' router --prefill http://127.0.0.1:1 --decode http://127.0.0.1:2 \
-  --kv-mode foo
+  --discovery-timeout-s 1 --kv-mode foo
 expect '--transports: foo not in' bench transfer --transports shm foo
 expect '--latency-shape: foo not in' bench transfer --latency-shape foo
 expect '--model-shape: foo not in' bench ttft --model-shape foo

@@ -181,6 +181,7 @@ void RegisterTransferBench(CLI::App* bench) {
                 "the engines' --no-fast-abort: an abort on P reaches the ranks only through "
                 "the engine loop (to measure what the fast abort buys)");
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--ucx-tls", o->ucx_tls, "UCX_TLS for kvrelay and the UCX baseline");
   cmd->add_option("--logs", o->logs, "folder for the engines' logs")->capture_default_str();
@@ -248,6 +249,7 @@ void RegisterTtftBench(CLI::App* bench) {
                   "the target: difference / predicted transfer time at most this")
       ->capture_default_str();
   cmd->add_option("--tcp-streams", o->tcp_streams, "tcp transport: connections per peer rank")
+      ->check(Positive())
       ->capture_default_str();
   cmd->add_option("--kv-read-threads", o->kv_read_threads,
                   "every engine's --kv-read-threads (the plain engine's too)")

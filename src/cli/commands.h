@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -44,14 +45,18 @@ inline CLI::IsMember ModelShapeNames() { return OneOf({"tiny", "small", "8b"}); 
 inline CLI::IsMember KvModeNames() { return OneOf({"push", "read"}); }
 inline CLI::IsMember EngineNames() { return OneOf({"emulated", "llama"}); }
 inline CLI::IsMember LoadPolicyNames() { return OneOf({"recompute", "fail"}); }
-// A number above 0 (Positive) or at least 0 (NonNegative); anything else
-// is refused as "--flag: -1 is below 0" (CLI11's own checks name a range up
-// to the largest double).
+// A number above 0 (Positive) or at least 0 (NonNegative), and at most a
+// billion (seconds: 31 years, which still fit a Duration's int64 ns); any
+// other is refused as "--flag: -1 is below 0" (CLI11's own checks name a
+// range up to the largest double, and take "inf").
 inline CLI::Validator NumberCheck(bool allow_zero) {
   return CLI::Validator(
       [allow_zero](std::string& value) -> std::string {
         double x = 0;
-        if (!CLI::detail::lexical_cast(value, x)) return value + " is not a number";
+        if (!CLI::detail::lexical_cast(value, x) || !std::isfinite(x)) {
+          return value + " is not a number";
+        }
+        if (x > 1e9) return value + " is above 1000000000";
         if (allow_zero ? x >= 0 : x > 0) return "";
         return value + (allow_zero ? " is below 0" : " is not above 0");
       },

@@ -134,6 +134,7 @@ void RegisterDemo(CLI::App& app) {
                   "passed, serve's default)")
       ->check(CLI::Range(-1, 100000));
   cmd->add_option("--step-per-token-us", d->step_per_token_us, "modelled compute per token")
+      ->check(NonNegative())
       ->capture_default_str();
   cmd->add_flag("--stream-chunks", d->stream_chunks,
                 "P streams each finished prefill chunk (32 tokens, P's --max-batch-tokens) to "

@@ -155,10 +155,18 @@ int RunServe(const ServeCliOptions& o) {
   }
   no.listen_host = o.host;
   no.advertise_host = o.advertise_host.empty() ? o.host : o.advertise_host;
-  if (o.ctrl_port >= 0) {
-    no.ctrl_port = static_cast<uint16_t>(o.ctrl_port);
-  } else if (o.port != 0) {
-    no.ctrl_port = static_cast<uint16_t>(o.port + 1000);
+  if (o.ctrl_port >= 0 || o.port != 0) {
+    // Rank r listens on base + r: every one of them must be a port.
+    const int64_t base = o.ctrl_port >= 0 ? o.ctrl_port : int64_t{o.port} + 1000;
+    if (base + o.tp - 1 > 65535) {
+      std::fprintf(stderr, "kvrelay serve: control ports %lld..%lld (%s + rank, tp %u) go past "
+                   "65535; choose a lower --ctrl-port%s\n", static_cast<long long>(base),
+                   static_cast<long long>(base + o.tp - 1),
+                   o.ctrl_port >= 0 ? "--ctrl-port" : "--port + 1000", o.tp,
+                   o.ctrl_port >= 0 ? "" : " or --port");
+      return 2;
+    }
+    no.ctrl_port = static_cast<uint16_t>(base);
   } else {
     // --port 0: tp free consecutive ports (the ranks listen on base + rank).
     no.ctrl_port = runtime::FreeLoopbackPorts(o.tp);
