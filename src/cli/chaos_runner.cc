@@ -44,6 +44,14 @@ std::string F2(double x) {
   return b;
 }
 
+// A number as a child's flag value: exact enough that the child gets the
+// value it was given (with F2, --abort-timeout-s 0.004 went as "0.00").
+std::string Arg(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", x);
+  return b;
+}
+
 // D's completed KV loads so far (-1: no answer).
 double LoadsOk(const std::string& d_url) {
   return MetricSample(d_url, "kvrelay_loads_total{outcome=\"ok\"}");
@@ -184,24 +192,24 @@ ChaosRow RunChaosCase(const ChaosCase& c, const ChaosOptions& o, int index) {
   co.logs = o.logs + "/" + std::to_string(index) + "-" + c.name;
   co.transport = transport;
   co.step_per_token_us = o.step_per_token_us;
-  co.engine_args = {"--abort-timeout-s", F2(o.abort_timeout_s), "--giveup-grace-s",
-                    F2(o.giveup_grace_s), "--peer-dead-after-s", F2(o.peer_dead_after_s)};
+  co.engine_args = {"--abort-timeout-s", Arg(o.abort_timeout_s), "--giveup-grace-s",
+                    Arg(o.giveup_grace_s), "--peer-dead-after-s", Arg(o.peer_dead_after_s)};
   // A partition stands for P and D on two hosts, where no local lane
   // exists: the control frames must cross the ports the partition cuts, not
   // a Unix socket beside them (docs/wire.md, "The local lane").
   if (partition) co.engine_args.push_back("--no-local-lane");
   if (read_mode) {
     co.engine_args.insert(co.engine_args.end(),
-                          {"--kv-mode", "read", "--lease-s", F2(o.lease_s), "--lease-extension-s",
-                           F2(o.lease_extension_s), "--lease-heartbeat-s",
-                           F2(o.lease_heartbeat_s), "--read-margin-s", F2(o.read_margin_s)});
+                          {"--kv-mode", "read", "--lease-s", Arg(o.lease_s), "--lease-extension-s",
+                           Arg(o.lease_extension_s), "--lease-heartbeat-s",
+                           Arg(o.lease_heartbeat_s), "--read-margin-s", Arg(o.read_margin_s)});
   }
   const std::string fail_flag = read_mode ? "--debug-fail-reads-" : "--debug-fail-writes-";
   if (c.kind == FaultKind::kFailWrites) {
     // Only P writes KV (push) and only D reads it (read): each flag bites
     // on one of them.
     co.engine_args.insert(co.engine_args.end(),
-                          {fail_flag + "probability", F2(o.fail_probability),
+                          {fail_flag + "probability", Arg(o.fail_probability),
                            fail_flag + "after-bytes", std::to_string(o.fail_after_bytes),
                            "--debug-fail-writes-seed", std::to_string(o.seed)});
   }
