@@ -11,6 +11,8 @@ kvrelay="${1:?usage: bad_flags.sh KVRELAY}"
 guard_s=20
 failed=0
 checked=0
+# What the cluster commands print once they start something.
+started='did not come up|starting P and D|1P1D on loopback|cases; each a fresh'
 
 # expect WORDS ARGS...: kvrelay ARGS must fail, printing WORDS (a grep -E
 # pattern), and start nothing.
@@ -25,7 +27,7 @@ expect() {
     echo "FAIL (exit $rc): kvrelay $*"
   elif ! grep -qE -- "$words" <<<"$out"; then
     echo "FAIL (no '$words'): kvrelay $*"
-  elif grep -qE 'did not come up|starting P and D|1P1D on loopback|cases; each a fresh' <<<"$out"; then
+  elif grep -qE "$started" <<<"$out"; then
     echo "FAIL (started something first): kvrelay $*"
   else
     return 0
