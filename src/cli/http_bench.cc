@@ -19,6 +19,7 @@
 #include "base/prng.h"
 #include "cli/http_flags.h"
 #include "cli/local_cluster.h"
+#include "cli/proc_sample.h"
 #include "http/http_client.h"
 #include "os/clock.h"
 #include "router/sse_splitter.h"
@@ -29,23 +30,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-struct ProcSample {
-  double rss_mib = -1;
-  int threads = -1;
-};
-
-// VmRSS and Threads of /proc/<pid>/status.
-ProcSample SampleProc(pid_t pid) {
-  ProcSample s;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) s.rss_mib = std::atof(line.c_str() + 6) / 1024.0;
-    if (line.rfind("Threads:", 0) == 0) s.threads = std::atoi(line.c_str() + 8);
-  }
-  return s;
-}
 
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return -1;
