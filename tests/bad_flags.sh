@@ -44,6 +44,8 @@ expect '--requests: 0 is not above 0' demo -n 0
 expect "--prompt-tokens-min \(50\) must be from 1 to --prompt-tokens-max \(10\)" \
   demo --prompt-tokens-min 50 --prompt-tokens-max 10
 expect "--control: --control 'bogus'" demo --control bogus
+expect '--auth-token-file /nonexistent/token: No such file' demo \
+  --auth-token-file /nonexistent/token
 expect '--transport: foo not in' matrix --cases 1 --transport foo
 expect '--model-shape: foo not in' matrix --cases 1 --model-shape foo
 expect '--engine: foo not in \{emulated,llama\}' matrix --cases 1 --engine foo

@@ -358,42 +358,35 @@ void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* contr
                   "calls and /debug/state reads");
 }
 
-std::string LoadFlagsError(const LoadOptions& o) {
-  if (o.prompt_min == 0 || o.prompt_min > o.prompt_max) {
-    return "--prompt-tokens-min (" + std::to_string(o.prompt_min) + ") must be from 1 to " +
-           "--prompt-tokens-max (" + std::to_string(o.prompt_max) + ")";
-  }
-  if (o.output_min == 0 || o.output_min > o.output_max) {
-    return "--output-tokens-min (" + std::to_string(o.output_min) + ") must be from 1 to " +
-           "--output-tokens-max (" + std::to_string(o.output_max) + ")";
-  }
-  if (o.requests == 0 || o.concurrency == 0) return "--requests and --concurrency must be ≥ 1";
-  return "";
-}
-
-int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
-                   const std::string& json_path) {
+Result<LoadOptions> PrepareLoad(const LoadOptions& base,
+                                const std::vector<std::string>& controls) {
   LoadOptions o = base;
+  // Each count and length is at least 1 (AddLoadFlags); here, each min is
+  // at most its max.
+  if (o.prompt_min > o.prompt_max) {
+    return InvalidArgumentError("--prompt-tokens-min (" + std::to_string(o.prompt_min) +
+                                ") must be from 1 to --prompt-tokens-max (" +
+                                std::to_string(o.prompt_max) + ")");
+  }
+  if (o.output_min > o.output_max) {
+    return InvalidArgumentError("--output-tokens-min (" + std::to_string(o.output_min) +
+                                ") must be from 1 to --output-tokens-max (" +
+                                std::to_string(o.output_max) + ")");
+  }
   if (!o.auth_token_file.empty()) {
     Result<std::string> token = runtime::LoadAuthToken(o.auth_token_file);
-    if (!token.ok()) {
-      std::fprintf(stderr, "kvrelay: %s\n", token.status().message().c_str());
-      return 2;
-    }
+    if (!token.ok()) return token.status();
     o.auth_token = *token;
   }
   for (const std::string& c : controls) {
     Result<ControlCall> call = ParseControlCall(c);
-    if (!call.ok()) {
-      std::fprintf(stderr, "kvrelay: %s\n", call.status().message().c_str());
-      return 2;
-    }
+    if (!call.ok()) return call.status();
     o.controls.push_back(*call);
   }
-  if (const std::string bad = LoadFlagsError(o); !bad.empty()) {
-    std::fprintf(stderr, "kvrelay: %s\n", bad.c_str());
-    return 2;
-  }
+  return o;
+}
+
+int RunPreparedLoad(const LoadOptions& o, const std::string& json_path) {
   LoadReport r = RunLoad(o);
   std::fputs(FormatLoadReport(r).c_str(), stdout);
   std::fflush(stdout);
@@ -470,7 +463,13 @@ void RegisterLoadOptions(CLI::App* bench) {
       }
       run.checker = *c;
     }
-    SetExitCode(RunLoadCommand(run, *controls, *json_path));
+    Result<LoadOptions> ready = PrepareLoad(run, *controls);
+    if (!ready.ok()) {
+      std::fprintf(stderr, "kvrelay bench load: %s\n", ready.status().message().c_str());
+      SetExitCode(2);
+      return;
+    }
+    SetExitCode(RunPreparedLoad(*ready, *json_path));
   });
 }
 

@@ -70,11 +70,6 @@ int RunChaos(const ChaosCliOptions& cli) {
       }
     }
   }
-  if (o.kv_mode != "push" && o.kv_mode != "read") {
-    std::fprintf(stderr, "kvrelay chaos: --kv-mode must be push or read, not '%s'\n",
-                 o.kv_mode.c_str());
-    return 2;
-  }
   if (o.stream_chunks && o.kv_mode == "read") {
     std::fprintf(stderr, "kvrelay chaos: --stream-chunks is a push-mode hand-off\n");
     return 2;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "base/result.h"
 #include "bench/load_gen.h"
 
 namespace kvrelay::cli {
@@ -23,11 +24,14 @@ void RegisterHttpBench(CLI::App* bench);
 void RegisterLlamaBench(CLI::App* bench);
 void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* controls,
                   std::string* json_path);
-// What is wrong with a load's flags taken together ("" if nothing): each
-// min at most its max. Checked before a cluster starts.
-std::string LoadFlagsError(const LoadOptions& o);
-int RunLoadCommand(const LoadOptions& base, const std::vector<std::string>& controls,
-                   const std::string& json_path);
+// The load `base` and its --control calls describe, ready to run: each
+// min at most its max, the auth token read, the calls parsed; else what is
+// wrong, naming the flag. Commands that start a cluster call it first.
+Result<LoadOptions> PrepareLoad(const LoadOptions& base,
+                                const std::vector<std::string>& controls);
+// Runs a prepared load, prints its report (and writes it to `json_path`,
+// if given); the exit code: 0 if it passed.
+int RunPreparedLoad(const LoadOptions& o, const std::string& json_path);
 void RegisterDemo(CLI::App& app);
 void RegisterMatrix(CLI::App& app);
 void RegisterChaos(CLI::App& app);

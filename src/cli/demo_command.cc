@@ -15,7 +15,6 @@
 #include "cli/llama_cluster.h"
 #include "cli/local_cluster.h"
 #include "cli/proc_sample.h"
-#include "runtime/auth_token.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -87,11 +86,6 @@ int RunRounds(const DemoOptions& d, LoadOptions o, LocalCluster& cluster) {
     std::fflush(stdout);
   };
   sample(1, "(the load above)");
-  if (!o.auth_token_file.empty()) {
-    Result<std::string> token = runtime::LoadAuthToken(o.auth_token_file);
-    if (!token.ok()) return 2;
-    o.auth_token = *token;
-  }
   o.progress = false;
   for (uint32_t round = 2; round <= d.rounds; ++round) {
     const std::string call = RoundCall(round, d.llama.engine == "llama");
@@ -129,8 +123,9 @@ int RunRounds(const DemoOptions& d, LoadOptions o, LocalCluster& cluster) {
 
 int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
             const std::vector<std::string>& controls, const std::string& json_path) {
-  if (const std::string bad = LoadFlagsError(load_base); !bad.empty()) {
-    std::fprintf(stderr, "kvrelay demo: %s\n", bad.c_str());
+  Result<LoadOptions> ready = PrepareLoad(load_base, controls);
+  if (!ready.ok()) {
+    std::fprintf(stderr, "kvrelay demo: %s\n", ready.status().message().c_str());
     return 2;
   }
   ClusterOptions c;
@@ -152,7 +147,7 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
     }
     c.p_engine_args = StreamChunksArgs(kStreamChunkTokens);
   }
-  LoadOptions o = load_base;
+  LoadOptions o = *ready;
   std::printf("kvrelay demo: 1P1D on loopback, transport %s, %s %s, P tp %u, D tp %u%s, "
               "logs in %s\n",
               c.transport.c_str(), d.llama.engine == "llama" ? "llama.cpp model" : "model shape",
@@ -178,7 +173,7 @@ int RunDemo(const DemoOptions& d, const LoadOptions& load_base,
               cluster.d_urls()[0].c_str(), cluster.router_url().c_str());
   std::fflush(stdout);
   o.url = cluster.router_url();
-  int rc = RunLoadCommand(o, controls, json_path);
+  int rc = RunPreparedLoad(o, json_path);
   if (d.stream_chunks) {
     // Streaming asked for and nothing streamed would be a demo of nothing.
     const double chunks = MetricSample(cluster.p_urls()[0], "kvrelay_prefill_chunks_streamed_total");

@@ -31,13 +31,13 @@ struct HttpFlags {
 // its own --host and --port).
 void AddHttpFlags(CLI::App* cmd, HttpFlags* f);
 
-// The server's options: the flags', on host:port. "" and `out` filled, or
-// what is wrong, naming the flag.
 // Raises this process's open-file limit to its hard limit (connections are
 // files); logs if it cannot.
 void RaiseOpenFileLimit();
 
-std::string HttpOptionsFrom(const HttpFlags& f, const std::string& host, uint16_t port,
-                            http::ServerOptions* out);
+// The server's options: the flags' (checked by AddHttpFlags as they were
+// parsed), on host:port.
+void HttpOptionsFrom(const HttpFlags& f, const std::string& host, uint16_t port,
+                     http::ServerOptions* out);
 
 }  // namespace kvrelay::cli

@@ -177,24 +177,6 @@ int RunMatrix(const MatrixOptions& m, int* passed_out = nullptr, int* failed_out
               "transport %s, logs in %s\n",
               chosen.size(), m.requests, m.concurrency, m.call_at_s, m.transport.c_str(),
               logs.c_str());
-  if (m.call_order != "random" && m.call_order != "d-first" && m.call_order != "p-first" &&
-      m.call_order != "together") {
-    std::fprintf(stderr,
-                 "kvrelay matrix: --call-order must be d-first, p-first, together or random, "
-                 "not '%s'\n", m.call_order.c_str());
-    return 2;
-  }
-  if (m.policy != "recompute" && m.policy != "fail") {
-    std::fprintf(stderr,
-                 "kvrelay matrix: --kv-load-failure-policy must be recompute or fail, not "
-                 "'%s'\n", m.policy.c_str());
-    return 2;
-  }
-  if (m.kv_mode != "push" && m.kv_mode != "read") {
-    std::fprintf(stderr, "kvrelay matrix: --kv-mode must be push or read, not '%s'\n",
-                 m.kv_mode.c_str());
-    return 2;
-  }
   if (m.stream_chunks && (m.kv_mode != "push" || m.llama.engine == "llama")) {
     std::fprintf(stderr, "kvrelay matrix: --stream-chunks is a push-mode hand-off of the "
                          "emulated engine (read mode and llama.cpp engines hand off whole)\n");

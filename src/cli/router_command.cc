@@ -132,10 +132,7 @@ int RunRouter(const RouterCliOptions& o) {
   ro.max_inflight = o.max_inflight;
   ro.max_requests_per_client = o.max_requests_per_client;
   ro.leg_threads = o.leg_threads;
-  if (std::string err = HttpOptionsFrom(o.http, o.host, o.port, &ro.http); !err.empty()) {
-    std::fprintf(stderr, "kvrelay router: %s\n", err.c_str());
-    return 2;
-  }
+  HttpOptionsFrom(o.http, o.host, o.port, &ro.http);
   ro.relay.upstream.connect_timeout = Seconds(o.connect_timeout_s);
   ro.relay.upstream.idle_timeout = Seconds(o.upstream_idle_timeout_s);
   ro.relay.max_queue_wait = Seconds(o.max_queue_wait_s);

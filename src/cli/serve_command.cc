@@ -224,10 +224,7 @@ int RunServe(const ServeCliOptions& o) {
   no.timings.lease_extension = seconds(o.lease_extension_s);
   no.timings.lease_heartbeat = seconds(o.lease_heartbeat_s);
   no.timings.read_margin = seconds(o.read_margin_s);
-  if (std::string err = HttpOptionsFrom(o.http, o.host, o.port, &so.http); !err.empty()) {
-    std::fprintf(stderr, "kvrelay serve: %s\n", err.c_str());
-    return 2;
-  }
+  HttpOptionsFrom(o.http, o.host, o.port, &so.http);
   so.max_prompt_tokens = o.max_prompt_tokens;
   so.max_requests_per_client = o.max_requests_per_client;
   std::unique_ptr<llama::LlamaModel> llama_model;  // outlives the server
