@@ -4,7 +4,8 @@
 # the guard, with the expected words in its output, and without having
 # started a process (no "did not come up", no cluster line). Without the
 # parse-time checks, most of these started engines first and failed late
-# (or ran: sim ignored --kv-mode outside --matrix/--scenario).
+# (or ran: sim ignored --kv-mode outside --matrix/--scenario). A word that
+# names no command is named, with the commands there.
 # Usage: bad_flags.sh KVRELAY
 set -u
 kvrelay="${1:?usage: bad_flags.sh KVRELAY}"
@@ -94,6 +95,8 @@ expect '--kv-mode: foo not in' sim --matrix --kv-mode foo
 expect '--kv-mode applies to --matrix and --scenario only' sim --kv-mode read --seeds 1..2
 expect '--stream-chunks applies to --matrix and --scenario only' sim --stream-chunks on
 expect '--jobs: -1 is below 0' sim --jobs -1
+expect "kvrelay: 'serv' is not a command; the commands are bench, sim, serve" serv --port 0
+expect "kvrelay bench: 'lod' is not a command; the commands are core, load" bench lod
 
 echo "bad_flags: $checked command lines, $failed not refused as they should be"
 [ "$failed" -eq 0 ]

@@ -7,8 +7,35 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
+
+namespace {
+
+// CLI11 answers a word that names no command ("kvrelay serv", "kvrelay
+// bench lod") with "A subcommand is required". Name the word and the
+// commands there instead; -1 if that is not what went wrong.
+int UnknownCommand(const CLI::App& app) {
+  const CLI::App* at = &app;
+  std::string path = "kvrelay";
+  while (!at->get_subcommands().empty()) {
+    at = at->get_subcommands().front();
+    path += " " + at->get_name();
+  }
+  const std::vector<std::string> rest = at->remaining();
+  const std::vector<const CLI::App*> commands =
+      at->get_subcommands([](const CLI::App*) { return true; });
+  if (rest.empty() || rest.front().starts_with('-') || commands.empty()) return -1;
+  std::string names;
+  for (const CLI::App* c : commands) names += (names.empty() ? "" : ", ") + c->get_name();
+  std::fprintf(stderr, "%s: '%s' is not a command; the commands are %s (see %s --help)\n",
+               path.c_str(), rest.front().c_str(), names.c_str(), path.c_str());
+  return static_cast<int>(CLI::ExitCodes::ExtrasError);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -39,6 +66,11 @@ int main(int argc, char** argv) {
   kvrelay::cli::RegisterMatrix(app);
   kvrelay::cli::RegisterChaos(app);
   kvrelay::cli::RegisterMakeModel(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (const int code = UnknownCommand(app); code >= 0) return code;
+    return app.exit(e);
+  }
   return kvrelay::cli::ExitCode();
 }
