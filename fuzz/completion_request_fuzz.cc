@@ -1,7 +1,9 @@
 // completion_request_fuzz.cc — libFuzzer target for the engine server's
-// POST /v1/completions body: ParseCompletionRequest (server/
-// completion_request.h) and the lenient read of a refused hand-off
-// (server/refused_handoff.h), both called by EngineServer on the raw body.
+// POST /v1/completions and /v1/chat/completions bodies:
+// ParseCompletionRequest (server/completion_request.h), ParseChatRequest
+// (server/chat_request.h; a chat becomes the same request) and the lenient
+// read of a refused hand-off (server/refused_handoff.h), all called by
+// EngineServer on the raw body.
 //
 // Beyond "never crashes": an accepted request keeps every rule the header
 // promises (prompt non-empty, ids in the vocabulary, prompt + max_tokens
@@ -14,6 +16,7 @@
 
 #include "base/check.h"
 #include "engine/model.h"
+#include "server/chat_request.h"
 #include "server/completion_request.h"
 #include "server/refused_handoff.h"
 
@@ -24,8 +27,8 @@ using kvrelay::StatusCode;
 using kvrelay::server::CompletionRequest;
 using kvrelay::server::ParseLimits;
 
-void Check(std::string_view body, const ParseLimits& limits) {
-  const Result<CompletionRequest> r = kvrelay::server::ParseCompletionRequest(body, limits);
+void CheckParsed(std::string_view body, const ParseLimits& limits,
+                 const Result<CompletionRequest>& r) {
   if (!r.ok()) {
     KV_CHECK(!r.status().message().empty());
     const int http = kvrelay::server::HttpStatusForParseError(r.status());
@@ -48,6 +51,11 @@ void Check(std::string_view body, const ParseLimits& limits) {
     KV_CHECK(!c.kv.transfer.IsZero());
     KV_CHECK(c.kv.prompt_hash == 0);
   }
+}
+
+void Check(std::string_view body, const ParseLimits& limits) {
+  CheckParsed(body, limits, kvrelay::server::ParseCompletionRequest(body, limits));
+  CheckParsed(body, limits, kvrelay::server::ParseChatRequest(body, limits));
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include "http/http_client.h"
 #include "os/clock.h"
 #include "router/sse_splitter.h"
+#include "server/text_codec.h"
+#include "server/tokenizer.h"
 
 namespace kvrelay {
 
@@ -46,9 +48,25 @@ struct Spec {
   uint32_t max_tokens = 0;
   bool disconnect = false;
   double disconnect_after_s = 0;
+  // A chat: its one user message ("" for a completion); `prompt` is then
+  // the chat's laid-out ids.
+  std::string chat;
 };
 
-Spec MakeSpec(const LoadOptions& o, uint32_t i, uint32_t vocab) {
+// The request's path and body (streamed, with usage, when `stream`).
+std::pair<const char*, json> RequestOf(const Spec& spec, bool stream) {
+  json body = spec.chat.empty()
+                  ? json{{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}}
+                  : json{{"messages", {{{"role", "user"}, {"content", spec.chat}}}},
+                         {"max_completion_tokens", spec.max_tokens}};
+  if (stream) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+  }
+  return {spec.chat.empty() ? "/v1/completions" : "/v1/chat/completions", std::move(body)};
+}
+
+Spec MakeSpec(const LoadOptions& o, uint32_t i, uint32_t vocab, const OutputChecker* checker) {
   Prng prng(Mix64(o.seed * 0x9E3779B97F4A7C15ull + i));
   Spec s;
   const uint32_t plen = o.prompt_min + static_cast<uint32_t>(
@@ -61,6 +79,21 @@ Spec MakeSpec(const LoadOptions& o, uint32_t i, uint32_t vocab) {
   // A moment inside a typical request's life: while queued, prefilling,
   // transferring or decoding.
   s.disconnect_after_s = static_cast<double>(prng.Uniform(500)) / 1000.0;  // 0 .. 0.5 s
+  // Drawn last, so a completion's draws are those of a load without chats.
+  if (prng.Uniform(1'000'000) < static_cast<uint64_t>(o.chat_fraction * 1e6)) {
+    // Words for the prompt's ids, two fewer (the layout's own words).
+    std::string text;
+    const size_t words = s.prompt.size() > 3 ? s.prompt.size() - 2 : 1;
+    for (size_t k = 0; k < words; ++k) text += (k == 0 ? "w" : " w") + std::to_string(s.prompt[k]);
+    const server::ChatMessage m{"user", text};
+    std::optional<std::vector<engine::Token>> ids =
+        checker != nullptr ? checker->ChatPrompt(text)
+                           : server::Tokenize(server::ChatPromptText({&m, 1}), vocab);
+    if (ids) {
+      s.chat = std::move(text);
+      s.prompt = std::move(*ids);
+    }
+  }
   return s;
 }
 
@@ -86,15 +119,12 @@ std::string RequestIdOf(const LoadOptions& o, uint32_t i) {
 Outcome RunOne(const std::string& url, const Spec& spec, const std::string& request_id,
                const engine::ModelShape& shape, OutputChecker* checker, double timeout_s) {
   Outcome out;
-  json body = {{"prompt", spec.prompt},
-               {"max_tokens", spec.max_tokens},
-               {"stream", true},
-               {"stream_options", {{"include_usage", true}}},
-               {"request_id", request_id}};
+  auto [path, body] = RequestOf(spec, /*stream=*/true);
+  body["request_id"] = request_id;
   if (checker != nullptr) body["ignore_eos"] = true;
   http::ClientRequest req;
   req.method = "POST";
-  req.target = "/v1/completions";
+  req.target = path;
   req.body = body.dump();
   int status = 0;
   router::SseSplitter sse;
@@ -408,7 +438,7 @@ LoadReport RunLoad(const LoadOptions& o) {
   std::vector<Outcome> outcomes(o.requests);
   std::unique_ptr<std::atomic<uint8_t>[]> in_flight(new std::atomic<uint8_t>[o.requests]);
   for (uint32_t i = 0; i < o.requests; ++i) in_flight[i] = 0;
-  std::atomic<uint32_t> next{0}, done{0}, n_ok{0}, n_err{0}, n_disc{0}, n_fail{0};
+  std::atomic<uint32_t> next{0}, done{0}, n_ok{0}, n_err{0}, n_disc{0}, n_fail{0}, n_chats{0};
   std::vector<uint8_t> started(o.requests, 0);  // with duration_s, some never start
   std::atomic<uint32_t> clients_left{std::min(o.concurrency, o.requests)};
   const Clock::time_point t0 = Clock::now();
@@ -424,7 +454,8 @@ LoadReport RunLoad(const LoadOptions& o) {
         if (i >= o.requests) return;
         if (o.duration_s > 0 && SecondsSince(t0) >= o.duration_s) return;
         started[i] = 1;
-        const Spec spec = MakeSpec(o, i, shape.vocab);
+        const Spec spec = MakeSpec(o, i, shape.vocab, o.checker.get());
+        if (!spec.chat.empty()) ++n_chats;
         in_flight[i] = 1;
         outcomes[i] =
             RunOne(o.url, spec, RequestIdOf(o, i), shape, o.checker.get(), o.request_timeout_s);
@@ -554,6 +585,7 @@ LoadReport RunLoad(const LoadOptions& o) {
         break;
     }
   }
+  rep.chats = n_chats.load();
   rep.ttft_s = Summarize(ttft);
   rep.tpot_s = Summarize(tpot);
   rep.e2e_s = Summarize(e2e);
@@ -597,12 +629,12 @@ LoadReport RunLoad(const LoadOptions& o) {
     po.disconnect_fraction = 0;
     po.seed = o.seed ^ 0x50524F4245ull;
     for (uint32_t i = 0; i < o.probes; ++i) {
-      const Spec spec = MakeSpec(po, i, shape.vocab);
-      json body = {{"prompt", spec.prompt}, {"max_tokens", spec.max_tokens}};
+      const Spec spec = MakeSpec(po, i, shape.vocab, o.checker.get());
+      auto [path, body] = RequestOf(spec, /*stream=*/false);
       if (o.checker != nullptr) body["ignore_eos"] = true;
       http::ClientOptions opts;
       opts.idle_timeout = Duration::Nanoseconds(static_cast<int64_t>(o.request_timeout_s * 1e9));
-      Result<http::ClientResponse> r = http::PostJson(o.url, "/v1/completions", body.dump(), opts);
+      Result<http::ClientResponse> r = http::PostJson(o.url, path, body.dump(), opts);
       if (!r.ok() || r->status != 200) {
         probe_why = r.ok() ? "HTTP " + std::to_string(r->status) + " " + r->body
                            : r.status().message();
@@ -656,8 +688,9 @@ std::string FormatLoadReport(const LoadReport& r) {
   std::string s;
   char line[512];
   std::snprintf(line, sizeof line,
-                "kvrelay bench load: %u requests at concurrency %u against %s (seed %llu)\n",
-                r.requests, r.concurrency, r.url.c_str(),
+                "kvrelay bench load: %u requests (%u of them chats) at concurrency %u against %s "
+                "(seed %llu)\n",
+                r.requests, r.chats, r.concurrency, r.url.c_str(),
                 static_cast<unsigned long long>(r.seed));
   s += line;
   std::snprintf(line, sizeof line,
@@ -720,6 +753,7 @@ std::string LoadReportJson(const LoadReport& r) {
               {"ok", r.ok},
               {"clean_errors", r.clean_errors},
               {"disconnected", r.disconnected},
+              {"chats", r.chats},
               {"failed", r.failed},
               {"cut_off", r.cut_off},
               {"failures", r.failures},

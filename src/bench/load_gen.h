@@ -21,8 +21,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,6 +49,13 @@ class OutputChecker {
                             std::span<const uint64_t> versions, bool* whole_exact) = 0;
   // One line on what it accepted beyond exact outputs, for the report.
   virtual std::string Summary() const { return ""; }
+  // The prompt ids of a chat of one user message `text`, laid out as the
+  // engines lay it out (their model's chat template); nullopt: this checker
+  // cannot say, and the load sends no chats.
+  virtual std::optional<std::vector<engine::Token>> ChatPrompt(std::string_view text) const {
+    (void)text;
+    return std::nullopt;
+  }
 };
 
 struct LoadOptions {
@@ -57,6 +66,11 @@ struct LoadOptions {
   uint32_t prompt_min = 16, prompt_max = 256;     // tokens
   uint32_t output_min = 4, output_max = 48;       // tokens
   double disconnect_fraction = 0.1;
+  // Fraction of requests sent to /v1/chat/completions as a chat of one user
+  // message (its words drawn as a prompt's are; max_completion_tokens), the
+  // rest to /v1/completions; a chat's output is checked against its laid-out
+  // prompt's ids (server::ChatPromptText, or the checker's ChatPrompt).
+  double chat_fraction = 0.25;
   std::vector<ControlCall> controls;
   uint64_t seed = 1;
   uint32_t probes = 8;
@@ -105,6 +119,7 @@ struct LoadReport {
   uint32_t ok = 0;                  // output, checked
   uint32_t clean_errors = 0;        // HTTP error or finish_reason abort/error
   uint32_t disconnected = 0;        // the client left on purpose
+  uint32_t chats = 0;               // of the requests started, sent as chats
   uint32_t failed = 0;              // hung, cut off, malformed, wrong output
   uint32_t cut_off = 0;             // of `failed`: no response, or the stream cut off
                                     // before [DONE] (what a killed server does)

@@ -331,6 +331,11 @@ void AddLoadFlags(CLI::App* cmd, LoadOptions* o, std::vector<std::string>* contr
                   "fraction of clients that disconnect at a random moment (0..1)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--chat-fraction", o->chat_fraction,
+                  "fraction of requests sent to /v1/chat/completions as a chat (0..1); the rest "
+                  "go to /v1/completions")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--control", *controls,
                   "lifecycle call during the load, e.g. \"pause:mode=abort,target=p@3s\" "
                   "(target p|d|all; pause/sleep are followed by resume/wake_up after "

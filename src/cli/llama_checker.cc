@@ -17,7 +17,13 @@ Result<std::shared_ptr<LlamaChecker>> LlamaChecker::Open(std::map<uint64_t, std:
   c->threads_ = threads;
   c->context_tokens_ = context_tokens;
   c->vocab_ = (*tok)->vocab();
+  c->tokenizer_ = std::move(*tok);
   return c;
+}
+
+std::optional<std::vector<engine::Token>> LlamaChecker::ChatPrompt(std::string_view text) const {
+  const std::pair<std::string, std::string> m{"user", std::string(text)};
+  return tokenizer_->EncodeChat({&m, 1});
 }
 
 std::string LlamaChecker::Check(std::span<const engine::Token> prompt,

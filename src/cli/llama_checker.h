@@ -20,6 +20,7 @@
 
 #include "base/result.h"
 #include "bench/load_gen.h"
+#include "llama/llama_model.h"
 #include "llama/reference_decoder.h"
 
 namespace kvrelay::cli {
@@ -36,6 +37,9 @@ class LlamaChecker final : public OutputChecker {
   std::string Check(std::span<const engine::Token> prompt, std::span<const engine::Token> out,
                     std::span<const uint64_t> versions, bool* whole_exact) override;
   std::string Summary() const override;
+  // The served file's (version 1's) chat layout: what its engines make of
+  // the same chat (llama::LlamaTokenizer::EncodeChat).
+  std::optional<std::vector<engine::Token>> ChatPrompt(std::string_view text) const override;
 
  private:
   LlamaChecker() = default;
@@ -43,6 +47,7 @@ class LlamaChecker final : public OutputChecker {
   uint32_t threads_ = 1;
   uint32_t context_tokens_ = 4096;
   uint32_t vocab_ = 0;
+  std::unique_ptr<llama::LlamaTokenizer> tokenizer_;   // version 1's; immutable, any thread
   mutable std::mutex mu_;
   std::map<uint64_t, std::unique_ptr<llama::ReferenceDecoder>> decoders_;  // by version, lazily
   uint64_t checked_ = 0, near_ties_ = 0;   // under mu_

@@ -21,6 +21,12 @@ class LlamaCodec final : public server::TextCodec {
   std::string Decode(std::span<const engine::Token> tokens) const override {
     return t_->Decode(tokens);
   }
+  std::vector<engine::Token> EncodeChat(
+      std::span<const server::ChatMessage> messages) const override {
+    std::vector<std::pair<std::string, std::string>> m;
+    for (const server::ChatMessage& x : messages) m.emplace_back(x.role, x.content);
+    return t_->EncodeChat(m);
+  }
 
  private:
   std::unique_ptr<llama::LlamaTokenizer> t_;

@@ -1,7 +1,7 @@
 // `kvrelay router`: the P/D proxy. Reads every engine's GET /kv_info
 // (retrying, bounded, so it may start before the engines), then serves
-// OpenAI's /v1/completions by running a P leg and a D leg at once for each
-// request (src/router/router_server.h).
+// OpenAI's /v1/completions and /v1/chat/completions by running a P leg and a
+// D leg at once for each request (src/router/router_server.h).
 //
 // SIGINT/SIGTERM: stop accepting, cancel the legs in flight, exit 0 (also
 // while still waiting for the engines).
@@ -160,8 +160,8 @@ void RegisterRouter(CLI::App& app) {
   auto o = std::make_shared<RouterCliOptions>();
   CLI::App* cmd = app.add_subcommand(
       "router",
-      "Run the P/D proxy: clients send OpenAI /v1/completions; each request runs on a "
-      "prefill engine and a decode engine at once, the KV handed from P to D");
+      "Run the P/D proxy: clients send OpenAI /v1/completions or /v1/chat/completions; each "
+      "request runs on a prefill engine and a decode engine at once, the KV handed from P to D");
   cmd->add_option("--prefill", o->prefill,
                   "prefill engine URLs (http://HOST:PORT; role prefill or both)")
       ->required()

@@ -502,17 +502,33 @@ class LlamaTokenizerImpl final : public LlamaTokenizer {
   ~LlamaTokenizerImpl() override { llama_model_free(model_); }
 
   std::vector<engine::Token> Encode(std::string_view text) const override {
-    std::vector<llama_token> ids(text.size() + 8);
-    int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), ids.data(),
-                               static_cast<int32_t>(ids.size()), /*add_special=*/false,
-                               /*parse_special=*/false);
-    if (n < 0) {
-      ids.resize(static_cast<size_t>(-n));
-      n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), ids.data(),
-                         static_cast<int32_t>(ids.size()), false, false);
-      KV_CHECK_GE(n, 0);
+    return Tokenize(text, /*parse_special=*/false);
+  }
+
+  std::vector<engine::Token> EncodeChat(
+      std::span<const std::pair<std::string, std::string>> messages) const override {
+    std::vector<llama_chat_message> chat;
+    size_t chars = 0;
+    for (const auto& [role, content] : messages) {
+      chat.push_back(llama_chat_message{role.c_str(), content.c_str()});
+      chars += role.size() + content.size();
     }
-    return std::vector<engine::Token>(ids.begin(), ids.begin() + n);
+    const char* tmpl = llama_model_chat_template(model_, nullptr);
+    std::string out(2 * chars + 256, '\0');
+    int32_t n = -1;
+    for (const char* t : {tmpl, "chatml"}) {
+      if (t == nullptr) continue;
+      n = llama_chat_apply_template(t, chat.data(), chat.size(), /*add_ass=*/true, out.data(),
+                                    static_cast<int32_t>(out.size()));
+      if (n > static_cast<int32_t>(out.size())) {
+        out.resize(static_cast<size_t>(n));
+        n = llama_chat_apply_template(t, chat.data(), chat.size(), true, out.data(), n);
+      }
+      if (n >= 0) break;   // else a template llama.cpp does not know: ChatML
+    }
+    KV_CHECK_GE(n, 0);   // ChatML is built in
+    out.resize(static_cast<size_t>(n));
+    return Tokenize(out, /*parse_special=*/true);
   }
 
   std::string Decode(std::span<const engine::Token> tokens) const override {
@@ -530,6 +546,20 @@ class LlamaTokenizerImpl final : public LlamaTokenizer {
   uint32_t vocab() const override { return n_vocab_; }
 
  private:
+  std::vector<engine::Token> Tokenize(std::string_view text, bool parse_special) const {
+    std::vector<llama_token> ids(text.size() + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), ids.data(),
+                               static_cast<int32_t>(ids.size()), /*add_special=*/false,
+                               parse_special);
+    if (n < 0) {
+      ids.resize(static_cast<size_t>(-n));
+      n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), ids.data(),
+                         static_cast<int32_t>(ids.size()), false, parse_special);
+      KV_CHECK_GE(n, 0);
+    }
+    return std::vector<engine::Token>(ids.begin(), ids.begin() + n);
+  }
+
   llama_model* const model_;
   const llama_vocab* const vocab_;
   const uint32_t n_vocab_;

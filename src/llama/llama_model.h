@@ -40,6 +40,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/result.h"
@@ -131,6 +132,13 @@ class LlamaTokenizer {
   virtual std::vector<engine::Token> Encode(std::string_view text) const = 0;
   // Ids → text (each token's piece, concatenated).
   virtual std::string Decode(std::span<const engine::Token> tokens) const = 0;
+  // A chat's (role, content) messages → the prompt's ids up to where the
+  // assistant's answer starts: laid out by the file's chat template
+  // (llama_chat_apply_template: the templates llama.cpp knows; ChatML when
+  // the file has none or another), the template's special tokens read as
+  // such.
+  virtual std::vector<engine::Token> EncodeChat(
+      std::span<const std::pair<std::string, std::string>> messages) const = 0;
   virtual uint32_t vocab() const = 0;
 };
 

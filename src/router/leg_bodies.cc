@@ -27,6 +27,7 @@ Result<ClientRequest> ParseClientBody(std::string_view body) {
 std::string PrefillLegBody(const json& client, const TransferId& transfer,
                            uint32_t consumer_tp, std::optional<uint32_t> consumer_engine) {
   json b = client;
+  b.erase("max_completion_tokens");   // a chat's name for it, which would win
   b["max_tokens"] = 1;
   b["stream"] = false;
   b["kv_transfer_params"] = json{{"do_remote_decode", true},

@@ -7,8 +7,11 @@
 // the "stream" flag it needs to know how to relay); every other field goes
 // through untouched and the engines judge it.
 //
+// Both legs go to the path the client called (/v1/completions or
+// /v1/chat/completions).
 // Legs:
-//   P: the client's body, with "max_tokens": 1, "stream": false and
+//   P: the client's body, with "max_tokens": 1 (a chat's
+//      "max_completion_tokens" removed), "stream": false and
 //      "kv_transfer_params": {"do_remote_decode": true, "transfer_id": T,
 //      "consumer_tp_size": D.tp, "consumer_engine_id": D.engine_id} (P then
 //      refuses pulls for T from any other D engine).
@@ -36,6 +39,7 @@ namespace kvrelay::router {
 struct ClientRequest {
   nlohmann::json body;   // a JSON object
   bool stream = false;   // "stream" is the boolean true
+  std::string path = "/v1/completions";   // the engines' route for both legs
 };
 
 // kInvalidArgument ("body is not valid JSON: ...", "body must be a JSON

@@ -69,6 +69,11 @@ TEST(LegBodiesTest, PrefillLegAsksForOneTokenAndARemoteDecode) {
   EXPECT_EQ(p["kv_transfer_params"], (json{{"do_remote_decode", true},
                                            {"transfer_id", "0123456789abcdeffedcba9876543210"},
                                            {"consumer_tp_size", 4}}));
+  // A chat's max_completion_tokens would win over max_tokens: it goes.
+  json chat = client;
+  chat["max_completion_tokens"] = 50;
+  EXPECT_FALSE(json::parse(PrefillLegBody(chat, Tid(), 4)).contains("max_completion_tokens"));
+  EXPECT_EQ(json::parse(DecodeLegBody(chat, Tid(), EngineInfo{}))["max_completion_tokens"], 50);
   const json named = json::parse(PrefillLegBody(client, Tid(), 2, 17));
   EXPECT_EQ(named["kv_transfer_params"]["consumer_engine_id"], 17);
   EXPECT_EQ(named["kv_transfer_params"]["consumer_tp_size"], 2);

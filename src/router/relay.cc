@@ -11,7 +11,6 @@ using kvrelay::Log;
 
 namespace {
 
-constexpr const char* kCompletionsPath = "/v1/completions";
 constexpr const char* kReleasePath = "/kv_release";
 // P answers a release at once (it posts to its ranks and returns).
 constexpr Duration kReleaseTimeout = Duration::Seconds(10);
@@ -61,10 +60,10 @@ http::ClientOptions CallOptions(const UpstreamOptions& u) {
   return o;
 }
 
-http::ClientRequest Post(const std::string& body) {
+http::ClientRequest Post(const std::string& path, const std::string& body) {
   http::ClientRequest r;
   r.method = "POST";
-  r.target = kCompletionsPath;
+  r.target = path;
   r.body = body;
   return r;
 }
@@ -250,7 +249,7 @@ void Relay::StartLeg(http::ClientContext& calls, Lease lease, bool prefill) {
     self->Feed(ended(end));
   };
   std::shared_ptr<http::ClientCall> call =
-      calls.Start(*to, Post(prefill ? prefill_body_ : decode_body_),
+      calls.Start(*to, Post(request_.path, prefill ? prefill_body_ : decode_body_),
                   CallOptions(options_.upstream), std::move(sink), std::move(done));
   {
     MutexLock lock(&mu_);

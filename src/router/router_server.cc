@@ -152,8 +152,10 @@ void RouterServer::Impl::Routes() {
   // On a worker: parsing the body and building both legs' bodies is the
   // router's heaviest work; a burst of requests must not queue the I/O
   // threads (and every other connection's reads) behind it.
-  http->Route("POST", "/v1/completions", Run::kWorker,
-              [this](http::Request req, Ex ex) { Completions(std::move(req), ex); });
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    http->Route("POST", path, Run::kWorker,
+                [this](http::Request req, Ex ex) { Completions(std::move(req), ex); });
+  }
   http->Route("GET", "/v1/models", Run::kWorker, [this](http::Request, Ex ex) { Models(*ex); });
   http->Route("GET", "/health", Run::kInline, [this](http::Request, Ex ex) {
     bool serving = false;
@@ -205,6 +207,7 @@ void RouterServer::Impl::Completions(http::Request req, const std::shared_ptr<ht
                   "server_error", Outcome::kRejected);
   }
   Result<ClientRequest> parsed = ParseClientBody(req.body);
+  if (parsed.ok()) parsed->path = req.path;
   if (!parsed.ok()) {
     inflight.fetch_sub(1);
     return Reject(*ex, arrived, 400, parsed.status().message(), "invalid_request_error",

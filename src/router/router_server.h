@@ -1,5 +1,6 @@
 // router_server.h — RouterServer: `kvrelay router`, the P/D proxy. Clients
-// talk to it as to one engine (POST /v1/completions, GET /v1/models); it
+// talk to it as to one engine (POST /v1/completions and
+// /v1/chat/completions, GET /v1/models); it
 // runs each request as a P leg and a D leg at once (relay.h) over the
 // engines of an EnginePool.
 //
@@ -10,6 +11,8 @@
 //                         max_requests_per_client from one remote
 //                         address, 503 over max_inflight or with no P or
 //                         D up.
+//   POST /v1/chat/completions  the same; both legs go to the engines' chat
+//                         route.
 //   GET  /v1/models       proxied to a D that is up.
 //   GET  /health          {"status":"ok"|"degraded","prefill":[...],
 //                         "decode":[...]} with each engine's url, up and

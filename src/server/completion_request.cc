@@ -17,11 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-Status TypeError(const std::string& field, std::string_view expected, const json& got) {
-  return InvalidArgumentError(field + " must be " + std::string(expected) + " (got " +
-                              JsonTypeName(got) + ")");
-}
-
 Status OutOfRangeError(std::string m) { return Status(StatusCode::kOutOfRange, std::move(m)); }
 
 // The member `key` of `obj`, or nullptr when absent or null (clients send
@@ -355,8 +350,7 @@ ParseLimits ParseLimitsFor(const engine::ModelShape& shape, size_t max_body_byte
   return l;
 }
 
-Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
-                                                 const ParseLimits& limits) {
+Result<json> ParseBodyObject(std::string_view body, const ParseLimits& limits) {
   if (body.size() > limits.max_body_bytes) {
     return Status(StatusCode::kResourceExhausted,
                   "request body is " + std::to_string(body.size()) + " bytes; the limit is " +
@@ -364,10 +358,21 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
   }
   Result<json> parsed = ParseJsonBody(body);
   if (!parsed.ok()) return parsed.status();
-  json doc = std::move(*parsed);
-  if (!doc.is_object()) {
-    return InvalidArgumentError("body must be a JSON object (got " + JsonTypeName(doc) + ")");
+  if (!parsed->is_object()) {
+    return InvalidArgumentError("body must be a JSON object (got " + JsonTypeName(*parsed) +
+                                ")");
   }
+  return parsed;
+}
+
+Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
+                                                 const ParseLimits& limits) {
+  Result<json> doc = ParseBodyObject(body, limits);
+  if (!doc.ok()) return doc.status();
+  return ParseCompletionDocument(*doc, limits);
+}
+
+Result<CompletionRequest> ParseCompletionDocument(const json& doc, const ParseLimits& limits) {
   CompletionRequest req;
   Status s = ParseFields(doc, limits, &req);
   if (!s.ok()) return s;

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "base/result.h"
 #include "base/status.h"
 #include "core/connector_scheduler.h"
@@ -76,6 +78,15 @@ struct CompletionRequest {
 // Parses and checks one request body (see the header comment for errors).
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
                                                  const ParseLimits& limits);
+
+// The body as a JSON object: over max_body_bytes, not JSON, or not an
+// object are the errors above.
+Result<nlohmann::json> ParseBodyObject(std::string_view body, const ParseLimits& limits);
+
+// ParseCompletionRequest for a body already parsed into a JSON object (chat_request.h
+// turns a chat into such a document, its messages into "prompt" ids).
+Result<CompletionRequest> ParseCompletionDocument(const nlohmann::json& doc,
+                                                  const ParseLimits& limits);
 
 // The HTTP status for a ParseCompletionRequest error: 413 for a body over
 // the limit, 400 otherwise.

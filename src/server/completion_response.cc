@@ -14,12 +14,20 @@ std::string Dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+// A chat's text goes in "message" (a whole answer) or "delta" (a chunk).
+enum class TextAt : uint8_t { kText, kMessage, kDelta, kFirstDelta };
+
 Json Choice(std::span<const engine::Token> tokens, std::span<const uint64_t> versions,
-            std::optional<engine::FinishReason> finish, std::string_view text) {
+            std::optional<engine::FinishReason> finish, std::string_view text, TextAt at) {
   KV_CHECK_EQ(tokens.size(), versions.size());
   Json c;
   c["index"] = 0;
-  c["text"] = text;
+  switch (at) {
+    case TextAt::kText: c["text"] = text; break;
+    case TextAt::kMessage: c["message"] = {{"role", "assistant"}, {"content", text}}; break;
+    case TextAt::kDelta: c["delta"] = {{"content", text}}; break;
+    case TextAt::kFirstDelta: c["delta"] = {{"role", "assistant"}, {"content", text}}; break;
+  }
   c["token_ids"] = Json::array();
   for (engine::Token t : tokens) c["token_ids"].push_back(t);
   c["weights_versions"] = Json::array();
@@ -33,10 +41,10 @@ Json Choice(std::span<const engine::Token> tokens, std::span<const uint64_t> ver
   return c;
 }
 
-Json Head(std::string_view id, std::string_view model, int64_t created_s) {
+Json Head(std::string_view id, std::string_view model, int64_t created_s, const char* object) {
   Json j;
   j["id"] = id;
-  j["object"] = "text_completion";
+  j["object"] = object;
   j["created"] = created_s;
   j["model"] = model;
   return j;
@@ -55,9 +63,11 @@ std::string_view FinishReasonName(engine::FinishReason reason) {
 }
 
 std::string CompletionJson(const CompletionResult& r) {
-  Json j = Head(r.id, r.model, r.created_s);
-  j["choices"] = Json::array(
-      {Choice(r.tokens, r.weights_versions, r.finish_reason, DecodeText(r.codec, r.tokens))});
+  const bool chat = r.api == Api::kChat;
+  Json j = Head(r.id, r.model, r.created_s, chat ? "chat.completion" : "text_completion");
+  j["choices"] = Json::array({Choice(r.tokens, r.weights_versions, r.finish_reason,
+                                     DecodeText(r.codec, r.tokens),
+                                     chat ? TextAt::kMessage : TextAt::kText)});
   const uint64_t completion = r.tokens.size();
   j["usage"] = {{"prompt_tokens", r.prompt_tokens},
                 {"completion_tokens", completion},
@@ -82,15 +92,18 @@ std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t
                             std::span<const engine::Token> tokens,
                             std::span<const uint64_t> weights_versions,
                             std::optional<engine::FinishReason> finish_reason,
-                            std::string_view text) {
-  Json j = Head(id, model, created_s);
-  j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason, text)});
+                            std::string_view text, Api api, bool first) {
+  const bool chat = api == Api::kChat;
+  Json j = Head(id, model, created_s, chat ? "chat.completion.chunk" : "text_completion");
+  const TextAt at = !chat ? TextAt::kText : first ? TextAt::kFirstDelta : TextAt::kDelta;
+  j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason, text, at)});
   return Dump(j);
 }
 
 std::string StreamUsageJson(std::string_view id, std::string_view model, int64_t created_s,
-                            uint32_t prompt_tokens, uint64_t completion_tokens) {
-  Json j = Head(id, model, created_s);
+                            uint32_t prompt_tokens, uint64_t completion_tokens, Api api) {
+  Json j = Head(id, model, created_s,
+                api == Api::kChat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = Json::array();
   j["usage"] = {{"prompt_tokens", prompt_tokens},
                 {"completion_tokens", completion_tokens},

@@ -27,6 +27,14 @@
 
 namespace kvrelay::server {
 
+// Which API a response answers. kCompletions: OpenAI's /v1/completions
+// ("text_completion", the choice's "text"). kChat: /v1/chat/completions
+// ("chat.completion" with the choice's "message": {"role": "assistant",
+// "content"}; streamed, "chat.completion.chunk" with a "delta" holding the
+// chunk's "content", the first one also "role": "assistant"). Both carry
+// token_ids and weights_versions in the choice.
+enum class Api : uint8_t { kCompletions, kChat };
+
 // What P hands back with a do_remote_decode request's result: the
 // kv_transfer_params the router passes to D (do_remote_prefill true).
 struct KvTransferOut {
@@ -48,6 +56,7 @@ struct CompletionResult {
   std::string error;               // written only when finish_reason is kError
   std::optional<KvTransferOut> kv_transfer_params;
   const TextCodec* codec = nullptr;  // "text" from the ids; null: the toy one's
+  Api api = Api::kCompletions;
 };
 
 // "length", "abort" or "error".
@@ -63,17 +72,20 @@ std::string CompletionJson(const CompletionResult& result);
 // `text` is the chunk's text: its tokens decoded, cut between characters by
 // the request's Utf8Stream (a character split over two chunks comes whole in
 // the second), so the chunks' texts add up to the whole response's text.
+// `first`: the stream's first chunk (a chat's delta then names the role).
 // REQUIRES: tokens.size() == weights_versions.size().
 std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t created_s,
                             std::span<const engine::Token> tokens,
                             std::span<const uint64_t> weights_versions,
                             std::optional<engine::FinishReason> finish_reason,
-                            std::string_view text);
+                            std::string_view text, Api api = Api::kCompletions,
+                            bool first = false);
 
 // The chunk after the last choice chunk when the request set
 // stream_options.include_usage (OpenAI's shape): "choices": [] and usage.
 std::string StreamUsageJson(std::string_view id, std::string_view model, int64_t created_s,
-                            uint32_t prompt_tokens, uint64_t completion_tokens);
+                            uint32_t prompt_tokens, uint64_t completion_tokens,
+                            Api api = Api::kCompletions);
 
 // "data: <json>\n\n" — one server-sent event.
 std::string SseEvent(std::string_view json);

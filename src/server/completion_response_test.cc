@@ -160,6 +160,32 @@ TEST(CompletionResponseTest, StreamChunks) {
   EXPECT_FALSE(last.contains("usage"));
 }
 
+TEST(CompletionResponseTest, ChatShapes) {
+  CompletionResult r = Sample();
+  r.api = Api::kChat;
+  const json whole = json::parse(CompletionJson(r));
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"], (json{{"role", "assistant"}, {"content", " t17 t4"}}));
+  EXPECT_FALSE(whole["choices"][0].contains("text"));
+  EXPECT_EQ(whole["choices"][0]["token_ids"], (json{17, 4}));
+  EXPECT_EQ(whole["usage"]["total_tokens"], 7);
+
+  const std::vector<Token> toks{9};
+  const std::vector<uint64_t> vers{3};
+  EXPECT_EQ(StreamChunkJson("c-1", "tiny", 5, toks, vers, std::nullopt, " t9", Api::kChat, true),
+            R"({"id":"c-1","object":"chat.completion.chunk","created":5,"model":"tiny",)"
+            R"("choices":[{"index":0,"delta":{"role":"assistant","content":" t9"},)"
+            R"("token_ids":[9],"weights_versions":[3],"finish_reason":null,"logprobs":null}]})");
+  const json later = json::parse(
+      StreamChunkJson("c-1", "tiny", 5, {}, {}, FinishReason::kStop, "", Api::kChat, false));
+  EXPECT_EQ(later["choices"][0]["delta"], (json{{"content", ""}}));
+  EXPECT_EQ(later["choices"][0]["finish_reason"], "stop");
+  const json usage = json::parse(StreamUsageJson("c-1", "tiny", 5, 4, 2, Api::kChat));
+  EXPECT_EQ(usage["object"], "chat.completion.chunk");
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 6);
+}
+
 TEST(CompletionResponseTest, SseFraming) {
   EXPECT_EQ(SseEvent(R"({"a":1})"), "data: {\"a\":1}\n\n");
   EXPECT_EQ(SseDone(), "data: [DONE]\n\n");

@@ -13,6 +13,7 @@
 #include "os/thread_priority.h"
 #include "server/admin_auth.h"
 #include "server/admin_call.h"
+#include "server/chat_request.h"
 #include "server/client_slots.h"
 #include "server/completion_request.h"
 #include "server/completion_response.h"
@@ -89,6 +90,7 @@ struct Pending {
   uint32_t prompt_tokens = 0;
   bool stream_mode = false;
   bool include_usage = false;
+  Api api = Api::kCompletions;
   std::optional<KvTransferOut> kv_out;
   Instant started;
   std::atomic<bool> pump_posted{false};
@@ -97,6 +99,7 @@ struct Pending {
   std::vector<engine::Token> tokens GUARDED_BY(mu);
   std::vector<uint64_t> versions GUARDED_BY(mu);
   bool stream_started GUARDED_BY(mu) = false;
+  bool chunk_sent GUARDED_BY(mu) = false;   // a choice chunk went out (a chat's names the role)
   Utf8Stream text GUARDED_BY(mu);   // stream mode: chunk texts cut between characters
   bool finished GUARDED_BY(mu) = false;   // answered, or the client left
   std::optional<ClientSlots::Lease> slot GUARDED_BY(mu);   // freed when finished
@@ -149,7 +152,7 @@ struct EngineServer::Impl {
   bool stopped GUARDED_BY(stop_mu) = false;
 
   void Routes();
-  void Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex);
+  void Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex, Api api);
   // Moves a running completion on: what its stream has that the client has
   // not (on an HTTP I/O thread, posted by the stream's listener).
   void Pump(const std::shared_ptr<Pending>& p);
@@ -246,7 +249,11 @@ void EngineServer::Impl::Routes() {
   using http::Run;
   using Ex = std::shared_ptr<http::Exchange>;
   http->Route("POST", "/v1/completions", Run::kWorker,
-              [this](http::Request req, Ex ex) { Completions(std::move(req), ex); });
+              [this](http::Request req, Ex ex) {
+                Completions(std::move(req), ex, Api::kCompletions);
+              });
+  http->Route("POST", "/v1/chat/completions", Run::kWorker,
+              [this](http::Request req, Ex ex) { Completions(std::move(req), ex, Api::kChat); });
   http->Route("GET", "/v1/models", Run::kInline, [this](http::Request, Ex ex) {
     SendJson(*ex, ModelsJson(options.model_name, created_s, limits.max_context));
   });
@@ -324,7 +331,8 @@ void EngineServer::Impl::Routes() {
   }
 }
 
-void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex) {
+void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex,
+                                     Api api) {
   metrics.http_requests->Inc();
   if (stopping.load()) return SendError(*ex, 503, "server is shutting down", "server_error");
   std::optional<ClientSlots::Lease> slot = client_slots->Acquire(req.remote_addr);
@@ -337,7 +345,8 @@ void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<ht
                          " per client (--max-requests-per-client)",
                      "rate_limit_error");
   }
-  Result<CompletionRequest> parsed = ParseCompletionRequest(req.body, limits);
+  Result<CompletionRequest> parsed = api == Api::kChat ? ParseChatRequest(req.body, limits)
+                                                       : ParseCompletionRequest(req.body, limits);
   if (!parsed.ok()) {
     metrics.bad_requests->Inc();
     if (std::string_view limit = ParseErrorLimit(parsed.status()); !limit.empty()) {
@@ -367,7 +376,9 @@ void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<ht
   auto p = std::make_shared<Pending>();
   p->exchange = ex;
   p->client = spec.client;
-  p->id = cr.request_id.empty() ? "cmpl-" + std::to_string(eo.engine_id) + "-" +
+  p->api = api;
+  p->id = cr.request_id.empty() ? std::string(api == Api::kChat ? "chatcmpl-" : "cmpl-") +
+                                      std::to_string(eo.engine_id) + "-" +
                                       std::to_string(eo.incarnation) + "-" +
                                       std::to_string(spec.client)
                                 : cr.request_id;
@@ -461,21 +472,24 @@ void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
       }
       std::string text = p->text.Take(DecodeText(limits.codec, toks));
       if (done) text += p->text.Flush();
+      const bool first = !p->chunk_sent;
       if (failed) {
         if (!toks.empty() || !text.empty()) {
           out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, std::nullopt,
-                                          text));
+                                          text, p->api, first));
+          p->chunk_sent = true;
         }
         out += SseEvent(ErrorJson(error, "server_error", 503));
       } else if (done || !toks.empty()) {
         std::optional<engine::FinishReason> finish;
         if (done) finish = reason;
-        out += SseEvent(
-            StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish, text));
+        out += SseEvent(StreamChunkJson(p->id, p->model, p->created_s, toks, vers, finish, text,
+                                        p->api, first));
+        p->chunk_sent = true;
       }
       if (done && p->include_usage) {
         out += SseEvent(StreamUsageJson(p->id, p->model, p->created_s, p->prompt_tokens,
-                                        p->tokens.size()));
+                                        p->tokens.size(), p->api));
       }
       if (done) out += SseDone();
       ex.Write(std::move(out));
@@ -495,6 +509,7 @@ void EngineServer::Impl::Pump(const std::shared_ptr<Pending>& p) {
       r.finish_reason = reason;
       r.kv_transfer_params = p->kv_out;
       r.codec = limits.codec;
+      r.api = p->api;
       SendJson(ex, CompletionJson(r));
     }
   }

@@ -1,7 +1,7 @@
 // engine_server.h — EngineServer: `kvrelay serve`, an engine behind HTTP.
 //
-// What: the OpenAI-compatible completions API (with SSE streaming and
-// vLLM's kv_transfer_params), the admin calls named as vLLM names them
+// What: the OpenAI-compatible completions and chat completions APIs (with
+// SSE streaming and vLLM's kv_transfer_params), the admin calls named as vLLM names them
 // (pause, resume, sleep, wake_up, is_sleeping, reset_prefix_cache,
 // release_kv_cache_memory, abort_requests, update_weights), /health,
 // /metrics (Prometheus text) and /debug/state (JSON), over a runtime Node.

@@ -58,6 +58,11 @@ std::string JsonTypeName(const json& j) {
   return "an unsupported value";
 }
 
+Status TypeError(const std::string& field, std::string_view expected, const nlohmann::json& got) {
+  return InvalidArgumentError(field + " must be " + std::string(expected) + " (got " +
+                              JsonTypeName(got) + ")");
+}
+
 std::string QuoteForError(std::string_view s) {
   constexpr size_t kMax = 64;
   if (s.size() <= kMax) return "\"" + std::string(s) + "\"";

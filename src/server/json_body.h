@@ -32,6 +32,9 @@ Result<nlohmann::json> ParseJsonBody(std::string_view body);
 // "an integer", "a non-integer number", "a string", "an array", "an object".
 std::string JsonTypeName(const nlohmann::json& j);
 
+// kInvalidArgument "FIELD must be EXPECTED (got <JsonTypeName(got)>)".
+Status TypeError(const std::string& field, std::string_view expected, const nlohmann::json& got);
+
 // `s` quoted for an error message, cut to 64 bytes at a UTF-8 boundary
 // ("\"abc...\"" when cut).
 std::string QuoteForError(std::string_view s);

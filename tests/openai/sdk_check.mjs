@@ -11,7 +11,10 @@
 // cancel before the response raises APIUserAbortError) and the server sees
 // the client leave (the C++ side checks its counter); bad requests raise
 // the SDK's APIError subclasses with the right status; 50 concurrent
-// streams with 10 cancelled: 40 complete and correct, 10 cut short.
+// streams with 10 cancelled: 40 complete and correct, 10 cut short. The
+// chat API: chat.completions.create with and without streaming gives one
+// assistant message (the stream's deltas add up to it, the first naming the
+// role), max_completion_tokens holds, and a bad role is a BadRequestError.
 import { createRequire } from 'node:module';
 
 const [sdkDir, baseUrl, model, label] = process.argv.slice(2);
@@ -74,6 +77,39 @@ async function main() {
         s.finish === 'length' && s.orderOk && s.usage !== null &&
         s.usage.completion_tokens === 12 && s.usage.prompt_tokens === whole.usage.prompt_tokens,
         JSON.stringify(s.usage));
+
+  // The chat API.
+  const messages = [{ role: 'system', content: 'be brief' },
+                    { role: 'user', content: words(30, 5) }];
+  const chat = await client.chat.completions.create(
+      { model, messages, max_completion_tokens: 10 });
+  const reply = chat.choices[0];
+  check('a chat without streaming is one assistant message',
+        chat.object === 'chat.completion' && reply.message.role === 'assistant' &&
+        typeof reply.message.content === 'string' && reply.message.content.length > 0 &&
+        reply.finish_reason === 'length' && chat.usage.completion_tokens === 10,
+        JSON.stringify(reply));
+  {
+    const stream = await client.chat.completions.create(
+        { model, messages, max_completion_tokens: 10, stream: true,
+          stream_options: { include_usage: true } });
+    let content = '', role = null, finish = null, usage = null, n = 0;
+    for await (const chunk of stream) {
+      if (chunk.choices.length === 0) { usage = chunk.usage; continue; }
+      const delta = chunk.choices[0].delta;
+      if (n++ === 0) role = delta.role;
+      content += delta.content ?? '';
+      finish = chunk.choices[0].finish_reason ?? finish;
+    }
+    check('a streamed chat adds up to the same message, the first delta naming the role',
+          content === reply.message.content && role === 'assistant' && finish === 'length' &&
+          usage?.completion_tokens === 10,
+          `${JSON.stringify(content)} vs ${JSON.stringify(reply.message.content)}, role ${role}`);
+  }
+  await expectError('a chat with an unknown role is a BadRequestError (400)',
+      () => client.chat.completions.create(
+          { model, messages: [{ role: 'robot', content: 'hi' }], max_tokens: 2 }),
+      BadRequestError, 400);
 
   // An AbortController cancel mid-stream: the iteration ends early, with no
   // finish_reason.

@@ -933,6 +933,42 @@ TEST(LlamaPdServeTest, OutputsThroughTheRouterEqualLlamaCppAlone) {
   }
 }
 
+// A chat through P and D: both legs lay it out with the file's template
+// (ChatML here: a made model has none), P hands its KV to D, and the answer
+// is the reference decoder's for that prompt — greedy, so whole-exact — in
+// chat's shape; a plain engine answers the same.
+TEST(LlamaPdServeTest, AChatThroughTheRouterIsTheTemplatesPrompt) {
+  ASSERT_TRUE(Models::ready());
+  const std::string model = Models::Path("v1");
+  PdCluster c = StartPd(model, model, "shm");
+  ASSERT_TRUE(c.router);
+  Result<std::unique_ptr<llama::LlamaTokenizer>> tok = llama::LlamaTokenizer::Open(model);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  const std::vector<std::pair<std::string, std::string>> chat = {
+      {"system", "Answer briefly."}, {"user", "Hello there, how are you?"}};
+  const Tokens prompt = (*tok)->EncodeChat(chat);
+  const Tokens want = Reference(model, prompt, 8, engine::Sampling{0.0f, 0});
+  json messages = json::array();
+  for (const auto& [role, content] : chat) {
+    messages.push_back({{"role", role}, {"content", content}});
+  }
+  const json body = {{"messages", messages}, {"max_completion_tokens", 8}, {"temperature", 0}};
+  const HttpReply via = PostOn(c.router->port(), "/v1/chat/completions", body.dump());
+  const Choice got = ChoiceOf(via);
+  ASSERT_TRUE(got.ok) << Describe(via);
+  EXPECT_EQ(got.tokens, want);
+  EXPECT_EQ(via.body["object"], "chat.completion");
+  EXPECT_EQ(via.body["usage"]["prompt_tokens"], prompt.size());
+  // (The made model's pieces are bytes that need not be UTF-8: the content is
+  // their text with U+FFFD in place of bad bytes, so only its kind is checked.)
+  EXPECT_TRUE(via.body["choices"][0]["message"]["content"].is_string());
+  const HttpReply alone = c.d->Post("/v1/chat/completions", body);
+  EXPECT_EQ(ChoiceOf(alone).tokens, want) << Describe(alone);
+  const std::string dm = c.d->Metrics();
+  EXPECT_EQ(MetricSum(dm, "kvrelay_loads_total", R"(outcome="ok")"), 1);
+  EXPECT_EQ(MetricSum(dm, "kvrelay_first_tokens_from_producer_total"), 1);
+}
+
 // D serves another file than P: the fingerprints differ, P refuses D's
 // pulls, D computes every prompt itself, and its outputs are its own
 // model's.

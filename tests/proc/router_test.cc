@@ -40,6 +40,8 @@
 
 #include "http/http_client.h"
 #include "proc/harness.h"
+#include "server/text_codec.h"
+#include "server/tokenizer.h"
 
 namespace kvrelay::proctest {
 namespace {
@@ -363,6 +365,55 @@ TEST_F(RouterTest, OnePrefillOneDecode) {
                                 CompletionBody(Tokens(5000, 3), 1, false).dump());
   EXPECT_EQ(too_long.status, 400) << Describe(too_long);
   EXPECT_GE(r->Outcome("bad_request"), 4);
+  ExpectAllIdle(20s);
+}
+
+// OpenAI's chat API through the router: both legs go to the engines' chat
+// route, P hands the chat's KV to D, and the answer is in chat's shape with
+// the tokens the chat's laid-out prompt gives (the same as a plain engine's).
+TEST_F(RouterTest, AChatIsHandedOffLikeACompletion) {
+  Engine* p = StartEngine("P", "prefill", {}, /*abort_timeout_s=*/4);
+  Engine* d = StartEngine("D", "decode");
+  Engine* plain = StartEngine("plain", "plain");
+  ASSERT_TRUE(p && d && plain);
+  Router* r = StartRouter({p}, {d});
+  ASSERT_NE(r, nullptr);
+  const std::vector<server::ChatMessage> chat = {{"system", "be brief"},
+                                                 {"user", "what does a decode engine load"}};
+  const Tokens prompt = server::Tokenize(server::ChatPromptText(chat), 32000);
+  json messages = json::array();
+  for (const server::ChatMessage& m : chat) {
+    messages.push_back({{"role", m.role}, {"content", m.content}});
+  }
+  for (int i = 0; i < 6; ++i) {
+    const bool stream = i % 2 == 1;
+    const uint32_t n = 3 + static_cast<uint32_t>(i);
+    json body = {{"messages", messages}, {"max_completion_tokens", n}, {"stream", stream}};
+    const HttpReply via_router = HttpPost(r->port(), "/v1/chat/completions", body.dump());
+    const Answer a = Read(via_router, stream);
+    ASSERT_TRUE(Correct(a, prompt, n)) << "request " << i;
+    const Answer alone = Read(HttpPost(plain->http_port(), "/v1/chat/completions", body.dump()),
+                              stream);
+    EXPECT_EQ(alone.tokens, a.tokens) << "request " << i;
+    if (!stream) {
+      EXPECT_EQ(via_router.body["object"], "chat.completion") << a.Describe();
+      EXPECT_EQ(via_router.body["choices"][0]["message"]["role"], "assistant");
+      EXPECT_EQ(via_router.body["choices"][0]["message"]["content"],
+                server::Detokenize(a.tokens));
+    } else {
+      EXPECT_NE(via_router.raw.find(R"("object":"chat.completion.chunk")"), std::string::npos);
+      EXPECT_NE(via_router.raw.find(R"("delta":{"role":"assistant")"), std::string::npos);
+    }
+  }
+  ExpectAllIdle();
+  EXPECT_EQ(r->Outcome("ok"), 6);
+  EXPECT_EQ(MetricSum(p->Metrics(), "kvrelay_pulls_answered_total", R"(outcome="ok")"), 6);
+  // A chat the engines refuse is their 400, as they word it.
+  const std::string bad = R"({"messages":[{"role":"robot","content":"x"}]})";
+  const HttpReply engine_said = HttpPost(d->http_port(), "/v1/chat/completions", bad);
+  const HttpReply via = HttpPost(r->port(), "/v1/chat/completions", bad);
+  EXPECT_EQ(via.status, 400);
+  EXPECT_EQ(via.raw, engine_said.raw);
   ExpectAllIdle(20s);
 }
 
