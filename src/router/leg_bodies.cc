@@ -49,6 +49,23 @@ std::string DecodeLegBody(const json& client, const TransferId& transfer,
   return b.dump();
 }
 
+json AsStreamChunk(json completion) {
+  if (!completion.is_object()) return completion;
+  completion.erase("usage");
+  completion.erase("kv_transfer_params");
+  if (completion.value("object", "") != "chat.completion") return completion;
+  completion["object"] = "chat.completion.chunk";
+  if (auto choices = completion.find("choices"); choices != completion.end() &&
+                                                 choices->is_array()) {
+    for (json& c : *choices) {
+      if (!c.is_object() || !c.contains("message")) continue;
+      c["delta"] = std::move(c["message"]);
+      c.erase("message");
+    }
+  }
+  return completion;
+}
+
 std::string_view TrimLeadingSpace(std::string_view body) {
   const size_t first = body.find_first_not_of(" \t\r\n");
   return first == std::string_view::npos ? std::string_view() : body.substr(first);

@@ -176,9 +176,7 @@ void RelayLogic::Aborted(const json& completion) {
   }
   // As the stream a plain engine sends: the choice (with finish_reason) as
   // a chunk, then the end.
-  json chunk = completion;
-  chunk.erase("usage");
-  chunk.erase("kv_transfer_params");
+  const json chunk = AsStreamChunk(completion);
   out_ += server::SseEvent(chunk.dump(-1, ' ', false, json::error_handler_t::replace));
   out_ += server::SseDone();
 }

@@ -96,6 +96,16 @@ TEST(RelayLogicTest, AnAbortOnEitherEngineIsA200WithFinishReasonAbort) {
     EXPECT_EQ(r.body, "data: {\"choices\":[{\"finish_reason\":\"abort\"}]}\n\ndata: [DONE]\n\n");
   }
   {
+    RelayLogic l(true);    // P aborted a streamed chat: its message as a chunk's delta
+    l.PrefillEnded(Response(200, R"({"object":"chat.completion","choices":[{"index":0,)"
+                                 R"("message":{"role":"assistant","content":"a"},)"
+                                 R"("finish_reason":"abort"}],"usage":{}})"));
+    EXPECT_EQ(l.Reply().body,
+              "data: {\"choices\":[{\"delta\":{\"content\":\"a\",\"role\":\"assistant\"},"
+              "\"finish_reason\":\"abort\",\"index\":0}],\"object\":\"chat.completion.chunk\"}"
+              "\n\ndata: [DONE]\n\n");
+  }
+  {
     RelayLogic l(false);   // D aborted: its answer as is
     l.PrefillEnded(Response(200, kPrefillOk));
     l.DecodeStatus(200);
