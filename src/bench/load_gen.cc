@@ -169,6 +169,15 @@ Outcome RunOne(const std::string& url, const Spec& spec, const std::string& requ
       if (usage && bad.empty()) bad = "a choice after the usage chunk";
       if (!reason.empty() && bad.empty()) bad = "a choice after the one with finish_reason";
       const json& c = choices[0];
+      // The shape an SDK reads: a chat's chunks carry a delta, a
+      // completion's a text.
+      const bool chat = !spec.chat.empty();
+      if (bad.empty() && (j.value("object", "") != (chat ? "chat.completion.chunk"
+                                                          : "text_completion") ||
+                          !c.contains(chat ? "delta" : "text"))) {
+        bad = std::string("a chunk not in ") + (chat ? "a chat's" : "a completion's") +
+              " shape: " + ev.substr(0, 120);
+      }
       const json ids = c.value("token_ids", json::array());
       const json vers = c.value("weights_versions", json::array());
       if (ids.size() != vers.size() && bad.empty()) bad = "token_ids and weights_versions differ";
