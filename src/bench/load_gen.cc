@@ -17,6 +17,7 @@
 #include "http/http_client.h"
 #include "os/clock.h"
 #include "router/sse_splitter.h"
+#include "server/completion_response.h"
 #include "server/text_codec.h"
 #include "server/tokenizer.h"
 
@@ -81,17 +82,32 @@ Spec MakeSpec(const LoadOptions& o, uint32_t i, uint32_t vocab, const OutputChec
   s.disconnect_after_s = static_cast<double>(prng.Uniform(500)) / 1000.0;  // 0 .. 0.5 s
   // Drawn last, so a completion's draws are those of a load without chats.
   if (prng.Uniform(1'000'000) < static_cast<uint64_t>(o.chat_fraction * 1e6)) {
-    // Words for the prompt's ids, two fewer (the layout's own words).
-    std::string text;
-    const size_t words = s.prompt.size() > 3 ? s.prompt.size() - 2 : 1;
-    for (size_t k = 0; k < words; ++k) text += (k == 0 ? "w" : " w") + std::to_string(s.prompt[k]);
-    const server::ChatMessage m{"user", text};
-    std::optional<std::vector<engine::Token>> ids =
-        checker != nullptr ? checker->ChatPrompt(text)
-                           : server::Tokenize(server::ChatPromptText({&m, 1}), vocab);
-    if (ids) {
-      s.chat = std::move(text);
-      s.prompt = std::move(*ids);
+    // A word per drawn id, less the layout's own tokens. A real tokenizer
+    // may cut a word into several tokens: the words are then scaled once to
+    // the drawn length. A chat whose laid-out prompt is still outside
+    // --prompt-tokens-min/max is sent as the completion it was drawn as.
+    auto chat_ids = [&](const std::string& text) {
+      const server::ChatMessage m{"user", text};
+      return checker != nullptr ? checker->ChatPrompt(text)
+                                : std::optional(server::EncodeChatText(nullptr, {&m, 1}, vocab));
+    };
+    const std::optional<std::vector<engine::Token>> empty = chat_ids("");
+    const size_t layout = empty ? empty->size() : 0, target = s.prompt.size();
+    size_t words = target > layout + 1 ? target - layout : 1;
+    for (int attempt = 0; empty && attempt < 2; ++attempt) {
+      std::string text;
+      for (size_t k = 0; k < words; ++k) {
+        text += (k == 0 ? "w" : " w") + std::to_string(s.prompt[k % target]);
+      }
+      std::optional<std::vector<engine::Token>> ids = chat_ids(text);
+      if (!ids) break;
+      if (ids->size() >= o.prompt_min && ids->size() <= o.prompt_max) {
+        s.chat = std::move(text);
+        s.prompt = std::move(*ids);
+        break;
+      }
+      const size_t got = ids->size() > layout ? ids->size() - layout : 1;
+      words = std::max<size_t>(1, words * (target > layout ? target - layout : 1) / got);
     }
   }
   return s;
@@ -172,8 +188,8 @@ Outcome RunOne(const std::string& url, const Spec& spec, const std::string& requ
       // The shape an SDK reads: a chat's chunks carry a delta, a
       // completion's a text.
       const bool chat = !spec.chat.empty();
-      if (bad.empty() && (j.value("object", "") != (chat ? "chat.completion.chunk"
-                                                          : "text_completion") ||
+      const server::Api api = chat ? server::Api::kChat : server::Api::kCompletions;
+      if (bad.empty() && (j.value("object", "") != server::ObjectName(api, /*chunk=*/true) ||
                           !c.contains(chat ? "delta" : "text"))) {
         bad = std::string("a chunk not in ") + (chat ? "a chat's" : "a completion's") +
               " shape: " + ev.substr(0, 120);

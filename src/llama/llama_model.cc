@@ -502,7 +502,7 @@ class LlamaTokenizerImpl final : public LlamaTokenizer {
   ~LlamaTokenizerImpl() override { llama_model_free(model_); }
 
   std::vector<engine::Token> Encode(std::string_view text) const override {
-    return Tokenize(text, /*parse_special=*/false);
+    return Tokenize(text, /*add_special=*/false, /*parse_special=*/false);
   }
 
   std::vector<engine::Token> EncodeChat(
@@ -528,7 +528,8 @@ class LlamaTokenizerImpl final : public LlamaTokenizer {
     }
     KV_CHECK_GE(n, 0);   // ChatML is built in
     out.resize(static_cast<size_t>(n));
-    return Tokenize(out, /*parse_special=*/true);
+    // As llama.cpp's server tokenizes a chat: BOS if the file asks for it.
+    return Tokenize(out, /*add_special=*/true, /*parse_special=*/true);
   }
 
   std::string Decode(std::span<const engine::Token> tokens) const override {
@@ -546,15 +547,15 @@ class LlamaTokenizerImpl final : public LlamaTokenizer {
   uint32_t vocab() const override { return n_vocab_; }
 
  private:
-  std::vector<engine::Token> Tokenize(std::string_view text, bool parse_special) const {
+  std::vector<engine::Token> Tokenize(std::string_view text, bool add_special,
+                                      bool parse_special) const {
     std::vector<llama_token> ids(text.size() + 8);
     int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), ids.data(),
-                               static_cast<int32_t>(ids.size()), /*add_special=*/false,
-                               parse_special);
+                               static_cast<int32_t>(ids.size()), add_special, parse_special);
     if (n < 0) {
       ids.resize(static_cast<size_t>(-n));
       n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), ids.data(),
-                         static_cast<int32_t>(ids.size()), false, parse_special);
+                         static_cast<int32_t>(ids.size()), add_special, parse_special);
       KV_CHECK_GE(n, 0);
     }
     return std::vector<engine::Token>(ids.begin(), ids.begin() + n);

@@ -135,8 +135,9 @@ class LlamaTokenizer {
   // A chat's (role, content) messages → the prompt's ids up to where the
   // assistant's answer starts: laid out by the file's chat template
   // (llama_chat_apply_template: the templates llama.cpp knows; ChatML when
-  // the file has none or another), the template's special tokens read as
-  // such.
+  // the file has none or another), tokenized as llama.cpp's server does a
+  // chat: special tokens read as such (in the messages' text too), BOS
+  // added if the file asks for it.
   virtual std::vector<engine::Token> EncodeChat(
       std::span<const std::pair<std::string, std::string>> messages) const = 0;
   virtual uint32_t vocab() const = 0;

@@ -1,5 +1,6 @@
 #include "router/leg_bodies.h"
 
+#include "server/completion_response.h"
 #include "server/json_body.h"
 
 namespace kvrelay::router {
@@ -49,18 +50,21 @@ std::string DecodeLegBody(const json& client, const TransferId& transfer,
   return b.dump();
 }
 
-json AsStreamChunk(json completion) {
+json AsStreamChunk(json completion, bool first) {
+  using server::Api;
+  using server::ObjectName;
   if (!completion.is_object()) return completion;
   completion.erase("usage");
   completion.erase("kv_transfer_params");
-  if (completion.value("object", "") != "chat.completion") return completion;
-  completion["object"] = "chat.completion.chunk";
+  if (completion.value("object", "") != ObjectName(Api::kChat, false)) return completion;
+  completion["object"] = ObjectName(Api::kChat, true);
   if (auto choices = completion.find("choices"); choices != completion.end() &&
                                                  choices->is_array()) {
     for (json& c : *choices) {
       if (!c.is_object() || !c.contains("message")) continue;
       c["delta"] = std::move(c["message"]);
       c.erase("message");
+      if (!first && c["delta"].is_object()) c["delta"].erase("role");
     }
   }
   return completion;

@@ -65,11 +65,12 @@ struct CompletionVerdict {
 CompletionVerdict JudgeCompletion(std::string_view body);
 CompletionVerdict JudgeCompletionJson(const nlohmann::json& body);
 
-// A whole answer (P's, when P ended the request) as the one stream chunk a
+// A whole answer (P's, when P ended the request) as the stream chunk a
 // plain engine would have sent: usage and kv_transfer_params dropped; a
 // chat's "chat.completion" becomes a "chat.completion.chunk" whose choices
-// carry their message as the delta.
-nlohmann::json AsStreamChunk(nlohmann::json completion);
+// carry their message as the delta, its role only if `first` (no chunk
+// went to the client before).
+nlohmann::json AsStreamChunk(nlohmann::json completion, bool first);
 
 // The "message" of an {"error": {...}} body, or the body itself (cut to 200
 // bytes) if it has no such shape.

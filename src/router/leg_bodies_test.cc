@@ -127,6 +127,29 @@ TEST(UpstreamErrorMessageTest, TakesTheMessageOrTheBody) {
   EXPECT_EQ(UpstreamErrorMessage(std::string(500, 'x')).size(), 203u);
 }
 
+// P's whole answer as a stream chunk: a completion's shape is a chunk's
+// already; a chat's message becomes the delta, its role only first.
+TEST(LegBodiesTest, AWholeAnswerAsAStreamChunk) {
+  const json text = {{"object", "text_completion"},
+                     {"choices", {{{"text", "a"}, {"finish_reason", "abort"}}}},
+                     {"usage", {{"total_tokens", 3}}},
+                     {"kv_transfer_params", nullptr}};
+  EXPECT_EQ(AsStreamChunk(text, true),
+            (json{{"object", "text_completion"},
+                  {"choices", {{{"text", "a"}, {"finish_reason", "abort"}}}}}));
+  const json chat = {
+      {"object", "chat.completion"},
+      {"choices", {{{"message", {{"role", "assistant"}, {"content", "a"}}},
+                    {"finish_reason", "abort"}}}},
+      {"usage", {{"total_tokens", 3}}}};
+  const json first = AsStreamChunk(chat, true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", "a"}}));
+  EXPECT_FALSE(first["choices"][0].contains("message"));
+  EXPECT_FALSE(first.contains("usage"));
+  EXPECT_EQ(AsStreamChunk(chat, false)["choices"][0]["delta"], (json{{"content", "a"}}));
+}
+
 // Found by scripts/fuzz (router_bodies): a number too large for a double
 // made nlohmann throw out_of_range, which escaped the parser.
 TEST(LegBodiesTest, NumberOverflowIsACleanError) {

@@ -176,7 +176,7 @@ void RelayLogic::Aborted(const json& completion) {
   }
   // As the stream a plain engine sends: the choice (with finish_reason) as
   // a chunk, then the end.
-  const json chunk = AsStreamChunk(completion);
+  const json chunk = AsStreamChunk(completion, /*first=*/!streamed_tokens_);
   out_ += server::SseEvent(chunk.dump(-1, ' ', false, json::error_handler_t::replace));
   out_ += server::SseDone();
 }

@@ -85,8 +85,8 @@ Result<std::vector<ChatMessage>> Messages(const json& doc) {
 }
 
 // The chat fields a completion does not have, checked, then removed from
-// `doc` (max_completion_tokens becomes max_tokens).
-Status ChatOnlyFields(json& doc) {
+// `doc` (max_completion_tokens becomes max_tokens: *renamed).
+Status ChatOnlyFields(json& doc, bool* renamed) {
   if (Present(doc, "prompt")) {
     return InvalidArgumentError(
         "prompt is a /v1/completions field; a chat sends messages (or use /v1/completions)");
@@ -115,7 +115,10 @@ Status ChatOnlyFields(json& doc) {
     return InvalidArgumentError("top_logprobs is not supported (leave it out)");
   }
   if (auto mct = doc.find("max_completion_tokens"); mct != doc.end()) {
-    if (!mct->is_null()) doc["max_tokens"] = *mct;   // its checks are max_tokens'
+    if (!mct->is_null()) {
+      doc["max_tokens"] = *mct;   // its checks are max_tokens'
+      *renamed = true;
+    }
     doc.erase("max_completion_tokens");
   }
   return Status::Ok();
@@ -126,13 +129,21 @@ Status ChatOnlyFields(json& doc) {
 Result<CompletionRequest> ParseChatRequest(std::string_view body, const ParseLimits& limits) {
   Result<json> doc = ParseBodyObject(body, limits);
   if (!doc.ok()) return doc.status();
-  if (Status s = ChatOnlyFields(*doc); !s.ok()) return s;
+  bool renamed = false;
+  if (Status s = ChatOnlyFields(*doc, &renamed); !s.ok()) return s;
   Result<std::vector<ChatMessage>> messages = Messages(*doc);
   if (!messages.ok()) return messages.status();
   doc->erase("messages");
   // The prompt's ids, checked as a completion's token-id prompt is.
   (*doc)["prompt"] = EncodeChatText(limits.codec, *messages, limits.vocab);
-  return ParseCompletionDocument(*doc, limits);
+  Result<CompletionRequest> r = ParseCompletionDocument(*doc, limits);
+  // An error about the length names the field the client sent.
+  constexpr std::string_view kMax = "max_tokens";
+  if (!r.ok() && renamed && r.status().message().starts_with(kMax)) {
+    return Status(r.status().code(), "max_completion_tokens" +
+                                         r.status().message().substr(kMax.size()));
+  }
+  return r;
 }
 
 }  // namespace kvrelay::server

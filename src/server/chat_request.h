@@ -17,8 +17,8 @@
 //   max_completion_tokens  OpenAI's newer name for max_tokens; wins over it
 //   logprobs               false or null (true is refused)
 // Refused with a message saying so: "prompt" (a completion's field), a
-// non-text content part, tools/tool_choice/functions, a response_format
-// other than {"type": "text"}, top_logprobs.
+// non-text content part, tools/tool_choice/functions/function_call, a
+// response_format other than {"type": "text"}, top_logprobs.
 //
 // Errors: as ParseCompletionRequest's (kInvalidArgument → 400, kOutOfRange
 // → 400, kResourceExhausted → 413).

@@ -41,7 +41,8 @@ Json Choice(std::span<const engine::Token> tokens, std::span<const uint64_t> ver
   return c;
 }
 
-Json Head(std::string_view id, std::string_view model, int64_t created_s, const char* object) {
+Json Head(std::string_view id, std::string_view model, int64_t created_s,
+          std::string_view object) {
   Json j;
   j["id"] = id;
   j["object"] = object;
@@ -51,6 +52,11 @@ Json Head(std::string_view id, std::string_view model, int64_t created_s, const 
 }
 
 }  // namespace
+
+std::string_view ObjectName(Api api, bool chunk) {
+  if (api == Api::kCompletions) return "text_completion";
+  return chunk ? "chat.completion.chunk" : "chat.completion";
+}
 
 std::string_view FinishReasonName(engine::FinishReason reason) {
   switch (reason) {
@@ -64,7 +70,7 @@ std::string_view FinishReasonName(engine::FinishReason reason) {
 
 std::string CompletionJson(const CompletionResult& r) {
   const bool chat = r.api == Api::kChat;
-  Json j = Head(r.id, r.model, r.created_s, chat ? "chat.completion" : "text_completion");
+  Json j = Head(r.id, r.model, r.created_s, ObjectName(r.api, /*chunk=*/false));
   j["choices"] = Json::array({Choice(r.tokens, r.weights_versions, r.finish_reason,
                                      DecodeText(r.codec, r.tokens),
                                      chat ? TextAt::kMessage : TextAt::kText)});
@@ -94,7 +100,7 @@ std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t
                             std::optional<engine::FinishReason> finish_reason,
                             std::string_view text, Api api, bool first) {
   const bool chat = api == Api::kChat;
-  Json j = Head(id, model, created_s, chat ? "chat.completion.chunk" : "text_completion");
+  Json j = Head(id, model, created_s, ObjectName(api, /*chunk=*/true));
   const TextAt at = !chat ? TextAt::kText : first ? TextAt::kFirstDelta : TextAt::kDelta;
   j["choices"] = Json::array({Choice(tokens, weights_versions, finish_reason, text, at)});
   return Dump(j);
@@ -102,8 +108,7 @@ std::string StreamChunkJson(std::string_view id, std::string_view model, int64_t
 
 std::string StreamUsageJson(std::string_view id, std::string_view model, int64_t created_s,
                             uint32_t prompt_tokens, uint64_t completion_tokens, Api api) {
-  Json j = Head(id, model, created_s,
-                api == Api::kChat ? "chat.completion.chunk" : "text_completion");
+  Json j = Head(id, model, created_s, ObjectName(api, /*chunk=*/true));
   j["choices"] = Json::array();
   j["usage"] = {{"prompt_tokens", prompt_tokens},
                 {"completion_tokens", completion_tokens},

@@ -35,6 +35,10 @@ namespace kvrelay::server {
 // token_ids and weights_versions in the choice.
 enum class Api : uint8_t { kCompletions, kChat };
 
+// The "object" of a whole answer or (`chunk`) of a stream chunk:
+// "text_completion" (both), "chat.completion", "chat.completion.chunk".
+std::string_view ObjectName(Api api, bool chunk);
+
 // What P hands back with a do_remote_decode request's result: the
 // kv_transfer_params the router passes to D (do_remote_prefill true).
 struct KvTransferOut {
