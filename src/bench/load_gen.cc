@@ -82,10 +82,8 @@ Spec MakeSpec(const LoadOptions& o, uint32_t i, uint32_t vocab, const OutputChec
   s.disconnect_after_s = static_cast<double>(prng.Uniform(500)) / 1000.0;  // 0 .. 0.5 s
   // Drawn last, so a completion's draws are those of a load without chats.
   if (prng.Uniform(1'000'000) < static_cast<uint64_t>(o.chat_fraction * 1e6)) {
-    // A word per drawn id, less the layout's own tokens. A real tokenizer
-    // may cut a word into several tokens: the words are then scaled once to
-    // the drawn length. A chat whose laid-out prompt is still outside
-    // --prompt-tokens-min/max is sent as the completion it was drawn as.
+    // A word per drawn id, less the layout's tokens, scaled once if a real tokenizer cuts
+    // words; a chat still outside --prompt-tokens-min/max goes as the completion drawn.
     auto chat_ids = [&](const std::string& text) {
       const server::ChatMessage m{"user", text};
       return checker != nullptr ? checker->ChatPrompt(text)
