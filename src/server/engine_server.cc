@@ -334,6 +334,7 @@ void EngineServer::Impl::Routes() {
 void EngineServer::Impl::Completions(http::Request req, const std::shared_ptr<http::Exchange>& ex,
                                      Api api) {
   metrics.http_requests->Inc();
+  if (api == Api::kChat) metrics.chat_requests->Inc();
   if (stopping.load()) return SendError(*ex, 503, "server is shutting down", "server_error");
   std::optional<ClientSlots::Lease> slot = client_slots->Acquire(req.remote_addr);
   if (!slot) {

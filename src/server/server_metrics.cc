@@ -82,7 +82,9 @@ const std::vector<double>& TransferBuckets() {
 ServerMetrics::ServerMetrics() {
   MetricsRegistry& r = registry_;
   http_requests = r.AddCounter("kvrelay_http_completion_requests_total",
-                               "POST /v1/completions received");
+                               "POST /v1/completions and /v1/chat/completions received");
+  chat_requests = r.AddCounter("kvrelay_http_chat_requests_total",
+                               "of them, POST /v1/chat/completions");
   bad_requests = r.AddCounter("kvrelay_http_bad_requests_total",
                               "requests refused with 4xx: malformed body or parameters");
   requests_rejected = r.AddCounter("kvrelay_requests_rejected_total",

@@ -32,6 +32,7 @@ class ServerMetrics {
   ServerMetrics();
 
   Counter* http_requests;
+  Counter* chat_requests;
   Counter* bad_requests;
   Counter* requests_rejected;
   Counter* requests_started;

@@ -408,6 +408,7 @@ TEST_F(RouterTest, AChatIsHandedOffLikeACompletion) {
   ExpectAllIdle();
   EXPECT_EQ(r->Outcome("ok"), 6);
   EXPECT_EQ(MetricSum(p->Metrics(), "kvrelay_pulls_answered_total", R"(outcome="ok")"), 6);
+  EXPECT_EQ(MetricSum(d->Metrics(), "kvrelay_http_chat_requests_total"), 6);
   // A chat the engines refuse is their 400, as they word it.
   const std::string bad = R"({"messages":[{"role":"robot","content":"x"}]})";
   const HttpReply engine_said = HttpPost(d->http_port(), "/v1/chat/completions", bad);
