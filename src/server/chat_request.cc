@@ -14,15 +14,10 @@ namespace {
 
 using nlohmann::json;
 
-bool Present(const json& doc, const char* key) {
-  auto it = doc.find(key);
-  return it != doc.end() && !it->is_null();
-}
-
 // One message's content: a string, or text parts joined.
 Result<std::string> Content(const json& m, const std::string& name) {
-  auto c = m.find("content");
-  if (c == m.end() || c->is_null()) return InvalidArgumentError(name + ".content is required");
+  const json* c = Field(m, "content");
+  if (c == nullptr) return InvalidArgumentError(name + ".content is required");
   if (c->is_string()) return c->get<std::string>();
   if (!c->is_array()) return TypeError(name + ".content", "a string or an array of parts", *c);
   std::string text;
@@ -48,8 +43,8 @@ Result<std::string> Content(const json& m, const std::string& name) {
 }
 
 Result<std::vector<ChatMessage>> Messages(const json& doc) {
-  auto ms = doc.find("messages");
-  if (ms == doc.end() || ms->is_null()) return InvalidArgumentError("messages is required");
+  const json* ms = Field(doc, "messages");
+  if (ms == nullptr) return InvalidArgumentError("messages is required");
   if (!ms->is_array()) return TypeError("messages", "an array of messages", *ms);
   if (ms->empty()) return InvalidArgumentError("messages is empty");
   if (ms->size() > kMaxChatMessages) {
@@ -71,10 +66,10 @@ Result<std::vector<ChatMessage>> Messages(const json& doc) {
       return InvalidArgumentError(name + ".role is " + QuoteForError(r) +
                                   "; it must be system, developer, user, assistant or tool");
     }
-    if (auto n = m.find("name"); n != m.end() && !n->is_null() && !n->is_string()) {
+    if (const json* n = Field(m, "name"); n != nullptr && !n->is_string()) {
       return TypeError(name + ".name", "a string", *n);
     }
-    if (Present(m, "tool_calls")) {
+    if (Field(m, "tool_calls") != nullptr) {
       return InvalidArgumentError(name + ".tool_calls: tool calls are not supported");
     }
     Result<std::string> content = Content(m, name);
@@ -85,9 +80,9 @@ Result<std::vector<ChatMessage>> Messages(const json& doc) {
 }
 
 // The chat fields a completion does not have, checked, then removed from
-// `doc` (max_completion_tokens becomes max_tokens: *renamed).
-Status ChatOnlyFields(json& doc, bool* renamed) {
-  if (Present(doc, "prompt")) {
+// `doc` (max_completion_tokens stays: the completion's rules read it).
+Status ChatOnlyFields(json& doc) {
+  if (Field(doc, "prompt") != nullptr) {
     return InvalidArgumentError(
         "prompt is a /v1/completions field; a chat sends messages (or use /v1/completions)");
   }
@@ -111,15 +106,8 @@ Status ChatOnlyFields(json& doc, bool* renamed) {
     }
     doc.erase(lp);
   }
-  if (Present(doc, "top_logprobs")) {
+  if (Field(doc, "top_logprobs") != nullptr) {
     return InvalidArgumentError("top_logprobs is not supported (leave it out)");
-  }
-  if (auto mct = doc.find("max_completion_tokens"); mct != doc.end()) {
-    if (!mct->is_null()) {
-      doc["max_tokens"] = *mct;   // its checks are max_tokens'
-      *renamed = true;
-    }
-    doc.erase("max_completion_tokens");
   }
   return Status::Ok();
 }
@@ -129,21 +117,16 @@ Status ChatOnlyFields(json& doc, bool* renamed) {
 Result<CompletionRequest> ParseChatRequest(std::string_view body, const ParseLimits& limits) {
   Result<json> doc = ParseBodyObject(body, limits);
   if (!doc.ok()) return doc.status();
-  bool renamed = false;
-  if (Status s = ChatOnlyFields(*doc, &renamed); !s.ok()) return s;
+  if (Status s = ChatOnlyFields(*doc); !s.ok()) return s;
   Result<std::vector<ChatMessage>> messages = Messages(*doc);
   if (!messages.ok()) return messages.status();
   doc->erase("messages");
   // The prompt's ids, checked as a completion's token-id prompt is.
   (*doc)["prompt"] = EncodeChatText(limits.codec, *messages, limits.vocab);
-  Result<CompletionRequest> r = ParseCompletionDocument(*doc, limits);
-  // An error about the length names the field the client sent.
-  constexpr std::string_view kMax = "max_tokens";
-  if (!r.ok() && renamed && r.status().message().starts_with(kMax)) {
-    return Status(r.status().code(), "max_completion_tokens" +
-                                         r.status().message().substr(kMax.size()));
-  }
-  return r;
+  // OpenAI's newer name for the output length wins when both are sent.
+  const char* max_field =
+      Field(*doc, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+  return ParseCompletionDocument(*doc, limits, max_field);
 }
 
 }  // namespace kvrelay::server

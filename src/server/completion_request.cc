@@ -19,14 +19,6 @@ using nlohmann::json;
 
 Status OutOfRangeError(std::string m) { return Status(StatusCode::kOutOfRange, std::move(m)); }
 
-// The member `key` of `obj`, or nullptr when absent or null (clients send
-// null for "not set").
-const json* Field(const json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
 // An integer JSON number's value, saturated to int64 (callers bound it).
 int64_t IntegerValue(const json& j) {
   if (j.is_number_unsigned()) {
@@ -282,7 +274,8 @@ Status ParseSampling(const json& doc, CompletionRequest* req) {
   return Status::Ok();
 }
 
-Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest* req) {
+Status ParseFields(const json& doc, const ParseLimits& limits, const char* max_tokens_field,
+                   CompletionRequest* req) {
   if (const json* m = Field(doc, "model")) {
     if (!m->is_string()) return TypeError("model", "a string", *m);
     if (m->get_ref<const std::string&>() != limits.model_name) {
@@ -295,12 +288,13 @@ Status ParseFields(const json& doc, const ParseLimits& limits, CompletionRequest
 
   const uint32_t room = limits.max_context - static_cast<uint32_t>(req->prompt.size());
   req->max_tokens = std::min(kDefaultMaxTokens, room);
-  if (const json* m = Field(doc, "max_tokens")) {
-    if (!m->is_number_integer()) return TypeError("max_tokens", "an integer", *m);
+  if (const json* m = Field(doc, max_tokens_field)) {
+    const std::string name = max_tokens_field;
+    if (!m->is_number_integer()) return TypeError(name, "an integer", *m);
     const int64_t v = IntegerValue(*m);
-    if (v < 1) return InvalidArgumentError("max_tokens must be at least 1, got " + m->dump());
+    if (v < 1) return InvalidArgumentError(name + " must be at least 1, got " + m->dump());
     if (v > int64_t{room}) {
-      return OutOfRangeError("max_tokens is " + m->dump() + ", but the prompt's " +
+      return OutOfRangeError(name + " is " + m->dump() + ", but the prompt's " +
                              std::to_string(req->prompt.size()) +
                              " tokens leave room for at most " + std::to_string(room) +
                              " in the model's context of " +
@@ -372,9 +366,10 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
   return ParseCompletionDocument(*doc, limits);
 }
 
-Result<CompletionRequest> ParseCompletionDocument(const json& doc, const ParseLimits& limits) {
+Result<CompletionRequest> ParseCompletionDocument(const json& doc, const ParseLimits& limits,
+                                                  const char* max_tokens_field) {
   CompletionRequest req;
-  Status s = ParseFields(doc, limits, &req);
+  Status s = ParseFields(doc, limits, max_tokens_field, &req);
   if (!s.ok()) return s;
   return req;
 }

@@ -83,10 +83,13 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body,
 // object are the errors above.
 Result<nlohmann::json> ParseBodyObject(std::string_view body, const ParseLimits& limits);
 
-// ParseCompletionRequest for a body already parsed into a JSON object (chat_request.h
-// turns a chat into such a document, its messages into "prompt" ids).
+// ParseCompletionRequest for a body already parsed into a JSON object
+// (chat_request.h turns a chat into such a document, its messages into
+// "prompt" ids), the output length read from and named by
+// `max_tokens_field` (a chat's "max_completion_tokens", when it sent one).
 Result<CompletionRequest> ParseCompletionDocument(const nlohmann::json& doc,
-                                                  const ParseLimits& limits);
+                                                  const ParseLimits& limits,
+                                                  const char* max_tokens_field = "max_tokens");
 
 // The HTTP status for a ParseCompletionRequest error: 413 for a body over
 // the limit, 400 otherwise.

@@ -58,6 +58,12 @@ std::string JsonTypeName(const json& j) {
   return "an unsupported value";
 }
 
+const nlohmann::json* Field(const nlohmann::json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
 Status TypeError(const std::string& field, std::string_view expected, const nlohmann::json& got) {
   return InvalidArgumentError(field + " must be " + std::string(expected) + " (got " +
                               JsonTypeName(got) + ")");

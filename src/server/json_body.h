@@ -32,6 +32,10 @@ Result<nlohmann::json> ParseJsonBody(std::string_view body);
 // "an integer", "a non-integer number", "a string", "an array", "an object".
 std::string JsonTypeName(const nlohmann::json& j);
 
+// The member `key` of `obj`, or nullptr when absent or null (clients send
+// null for "not set").
+const nlohmann::json* Field(const nlohmann::json& obj, const char* key);
+
 // kInvalidArgument "FIELD must be EXPECTED (got <JsonTypeName(got)>)".
 Status TypeError(const std::string& field, std::string_view expected, const nlohmann::json& got);
 
